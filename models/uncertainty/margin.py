@@ -1,0 +1,49 @@
+"""Variance-Gated Margin Uncertainty (VGMU) and the abstain rule (paper Section 3.2, eq. gmu)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from models.uncertainty.moments import ensemble_moments
+from models.uncertainty.validation import EPS
+
+
+class MarginScore(NamedTuple):
+    """Per-sample decision scores, each ``(B,)``."""
+
+    prediction: Tensor  # int64 top-1 class of p̄ (ties → lowest index)
+    abstain: Tensor  # bool: True when the margin rule defers to a human
+    vgmu: Tensor  # 1 − (1 − e^{−SNR}) p̄1, in [0, 1]
+    snr: Tensor  # (p̄1 − p̄2) / (s1 + s2 + ε) ≥ 0
+
+
+def top2(mean: Tensor) -> tuple[Tensor, Tensor]:
+    """Indices of the two largest entries of ``mean`` ``(B, C)``; ties break to the lowest index."""
+    i1 = mean.argmax(dim=-1)  # argmax returns the first maximal index
+    masked = mean.scatter(-1, i1.unsqueeze(-1), float("-inf"))
+    i2 = masked.argmax(dim=-1)
+    return i1, i2
+
+
+def margin_score(probs: Tensor, abstain_k: float = 1.0, eps: float = EPS) -> MarginScore:
+    """VGMU, SNR and the abstain decision from member probabilities ``(B, M, C)``.
+
+    With ``p̄1, p̄2`` the top-2 entries of the ensemble mean and ``s1, s2`` their spreads:
+    ``SNR = (p̄1 − p̄2) / (s1 + s2 + ε)``, ``VGMU = 1 − (1 − e^{−SNR}) · p̄1``; predict the top-1
+    class iff ``p̄1 − k s1 > p̄2 + k s2`` (``k = abstain_k ≥ 0``, the deferral threshold), else abstain.
+    """
+    if abstain_k < 0 or abstain_k != abstain_k:
+        raise ValueError(f"abstain_k must be a number >= 0; got {abstain_k}")
+    mean, s = ensemble_moments(probs, eps)  # (B, C) each
+    i1, i2 = top2(mean)
+    p1 = mean.gather(-1, i1.unsqueeze(-1)).squeeze(-1)
+    p2 = mean.gather(-1, i2.unsqueeze(-1)).squeeze(-1)
+    s1 = s.gather(-1, i1.unsqueeze(-1)).squeeze(-1)
+    s2 = s.gather(-1, i2.unsqueeze(-1)).squeeze(-1)
+    snr = (p1 - p2) / (s1 + s2 + eps)
+    vgmu = 1 - (-torch.expm1(-snr)) * p1
+    abstain = ~(p1 - abstain_k * s1 > p2 + abstain_k * s2)
+    return MarginScore(prediction=i1, abstain=abstain, vgmu=vgmu, snr=snr)

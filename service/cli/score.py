@@ -1,0 +1,72 @@
+"""`vge score INPUT`: score any ensemble's member probabilities, one JSON object per sample (JSON Lines)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.uncertainty import score_ensemble
+from service.cli import CliError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score",
+        help="score member probabilities (B, M, C) from a .npy/.npz file",
+        description="Read member probabilities (B, M, C) from a .npy file (or .npz with key 'probs') "
+        "and print one JSON object per sample.",
+    )
+    p.add_argument("input", type=Path, help=".npy file, or .npz with key 'probs'")
+    p.add_argument(
+        "--gate-k", type=float, default=None, help="gate the members with VGN at fixed k (> 0)"
+    )
+    p.add_argument(
+        "--abstain-k", type=float, default=1.0, help="deferral threshold (>= 0, default 1.0)"
+    )
+    p.add_argument(
+        "--vgmu-on", choices=("p", "q"), default="p", help="members used for VGMU/abstain"
+    )
+    p.set_defaults(func=run)
+
+
+def load_probs(path: Path) -> np.ndarray:
+    """Load the ``(B, M, C)`` array; every failure becomes a :class:`CliError` naming the problem."""
+    if not path.is_file():
+        raise CliError(f"{path}: no such file")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise CliError(f"{path}: not a readable .npy/.npz file ({exc})") from None
+    if isinstance(data, np.lib.npyio.NpzFile):
+        with data:
+            if "probs" not in data.files:
+                raise CliError(
+                    f"{path}: .npz has no array named 'probs' (found: {', '.join(data.files) or 'none'})"
+                )
+            data = data["probs"]
+    if not np.issubdtype(data.dtype, np.number) or np.issubdtype(data.dtype, np.complexfloating):
+        raise CliError(f"{path}: expected a real numeric array, got dtype {data.dtype}")
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    probs = load_probs(args.input)
+    try:
+        scores = score_ensemble(
+            torch.from_numpy(np.ascontiguousarray(probs)),
+            gate_k=args.gate_k,
+            abstain_k=args.abstain_k,
+            vgmu_on=args.vgmu_on,
+        )
+    except ValueError as exc:
+        raise CliError(f"{args.input}: {exc}") from None
+    out = sys.stdout
+    for record in scores.to_records():
+        out.write(json.dumps(record) + "\n")
+    return 0

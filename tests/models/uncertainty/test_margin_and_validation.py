@@ -1,0 +1,62 @@
+"""VGMU + abstain rule, and input validation."""
+
+import math
+
+import pytest
+import torch
+
+from models.uncertainty import check_probs, margin_score, score_ensemble
+
+
+def test_vgmu_by_hand() -> None:
+    p = torch.tensor([[[0.8, 0.15, 0.05], [0.7, 0.2, 0.1], [0.6, 0.25, 0.15]]], dtype=torch.float64)
+    ms = margin_score(p, abstain_k=1.0)
+    snr = 0.5 / (0.1 + 0.05 + 1e-8 + 1e-8 + 1e-8)
+    assert float(ms.snr) == pytest.approx(snr, rel=1e-9)
+    assert float(ms.vgmu) == pytest.approx(1 - (1 - math.exp(-snr)) * 0.7, rel=1e-9)
+    assert int(ms.prediction) == 0
+    # predict iff p̄1 − k s1 > p̄2 + k s2: 0.7 − 0.1k > 0.2 + 0.05k  ⇔  k < 3.333…
+    assert not bool(margin_score(p, abstain_k=3.3).abstain)
+    assert bool(margin_score(p, abstain_k=3.4).abstain)
+
+
+def test_ties_break_to_lowest_index_and_abstain() -> None:
+    p = torch.tensor([[[0.1, 0.45, 0.45]] * 2], dtype=torch.float64)
+    ms = margin_score(p, abstain_k=0.0)
+    assert int(ms.prediction) == 1
+    assert bool(ms.abstain)  # zero margin never passes the strict inequality
+    assert float(ms.vgmu) == pytest.approx(1.0)
+
+
+def test_negative_abstain_k_rejected() -> None:
+    with pytest.raises(ValueError, match="abstain_k"):
+        margin_score(torch.full((1, 2, 2), 0.5), abstain_k=-1.0)
+
+
+@pytest.mark.parametrize(
+    ("probs", "message"),
+    [
+        (torch.ones(2, 3), "shape \\(B, M, C\\)"),
+        (torch.ones(2, 0, 3), "M >= 1"),
+        (torch.ones(2, 3, 1), "C >= 2"),
+        (torch.tensor([[[0.5, float("nan")]]]), "NaN or Inf"),
+        (torch.tensor([[[1.5, -0.5]]]), "non-negative"),
+        (torch.tensor([[[0.2, 0.2]]]), "sum to 1"),
+    ],
+)
+def test_bad_input_is_a_clear_value_error(probs: torch.Tensor, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_probs(probs)
+    with pytest.raises(ValueError, match=message):
+        score_ensemble(probs)
+
+
+def test_half_input_computed_in_float32() -> None:
+    p = torch.tensor([[[0.25, 0.75], [0.5, 0.5]]], dtype=torch.float16)
+    s = score_ensemble(p, gate_k=1.0)
+    assert s.tu.dtype == torch.float32
+
+
+def test_vgmu_on_q_needs_gate() -> None:
+    with pytest.raises(ValueError, match="gate_k"):
+        score_ensemble(torch.full((1, 2, 2), 0.5), vgmu_on="q")

@@ -1,0 +1,92 @@
+"""`vge score` end to end, as a real subprocess, including its error paths."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.uncertainty import score_ensemble
+
+KEYS = [
+    "prediction",
+    "abstain",
+    "vgmu",
+    "snr",
+    "tu",
+    "au",
+    "eu",
+    "mutual_information",
+    "epkl",
+    "epjs",
+    "epce",
+]
+A4_P0 = [[0.8, 0.15, 0.05], [0.7, 0.2, 0.1], [0.6, 0.25, 0.15]]
+A3_Q0 = [[0.9, 0.1, 0.0], [0.6, 0.3, 0.1], [0.6, 0.2, 0.2]]
+
+
+def vge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_scores_npy_as_json_lines(tmp_path: Path) -> None:
+    path = tmp_path / "probs.npy"
+    np.save(path, np.array([A4_P0, A3_Q0], dtype=np.float32))
+    done = vge("score", str(path), "--gate-k", "2", "--abstain-k", "3.4")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [list(r) for r in rows] == [KEYS, KEYS]
+    assert round(rows[1]["eu"], 3) == 0.045  # SI: A3 Q0 gated at k = 2
+    assert rows[0]["abstain"] is True  # 0.7 − 3.4·0.1 < 0.2 + 3.4·0.05
+    assert rows[0]["prediction"] == 0
+
+
+def test_npz_and_vgmu_on_q_match_the_library(tmp_path: Path) -> None:
+    probs = np.array([A3_Q0], dtype=np.float64)
+    path = tmp_path / "probs.npz"
+    np.savez(path, probs=probs)
+    done = vge("score", str(path), "--gate-k", "1", "--vgmu-on", "q")
+    assert done.returncode == 0, done.stderr
+    import torch
+
+    expected = score_ensemble(torch.from_numpy(probs), gate_k=1.0, vgmu_on="q").to_records()[0]
+    got = json.loads(done.stdout)
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "message"),
+    [
+        (lambda p: None, [], "no such file"),
+        (lambda p: p.write_text("not numpy"), [], "not a readable"),
+        (lambda p: np.save(p, np.ones((2, 3))), [], "shape (B, M, C)"),
+        (lambda p: np.save(p, np.full((1, 2, 2), 0.3)), [], "sum to 1"),
+        (lambda p: np.save(p, np.full((1, 2, 2), 0.5)), ["--gate-k", "0"], "gate_k must be > 0"),
+        (
+            lambda p: np.save(p, np.full((1, 2, 2), 0.5)),
+            ["--abstain-k", "x"],
+            "invalid float value",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, make, args: list[str], message: str
+) -> None:
+    path = tmp_path / "bad.npy"
+    make(path)
+    done = vge("score", str(path), *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in done.stderr
+
+
+def test_npz_without_probs_key(tmp_path: Path) -> None:
+    path = tmp_path / "x.npz"
+    np.savez(path, other=np.ones(3))
+    done = vge("score", str(path))
+    assert done.returncode == 2 and "no array named 'probs'" in done.stderr
