@@ -20,8 +20,5 @@ def ensemble_moments(probs: Tensor, eps: float = EPS) -> tuple[Tensor, Tensor]:
         ``(mean, s)``, both ``(B, C)``.
     """
     mean = probs.mean(dim=1)  # (B, C)
-    if probs.shape[1] > 1:
-        std = probs.std(dim=1, correction=1)  # (B, C)
-    else:
-        std = torch.zeros_like(mean)
+    std = probs.std(dim=1, correction=1) if probs.shape[1] > 1 else torch.zeros_like(mean)  # (B, C)
     return mean, std + eps
