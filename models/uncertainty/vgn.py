@@ -39,18 +39,20 @@ class VGNFunction(torch.autograd.Function):
         gate = gate_raw.clamp(min=eps)
         z = torch.einsum("bmc,bc->bm", probs, gate).clamp(min=eps)  # (B, M)
         q = probs * gate.unsqueeze(1) / z.unsqueeze(-1)  # (B, M, C)
-        ctx.save_for_backward(probs, k, mean, std, gate_raw, z, q)
+        # q is recomputed in backward rather than saved: it is the largest tensor, (B, M, C).
+        ctx.save_for_backward(probs, k, mean, std, gate_raw, z)
         ctx.eps = eps
         return q
 
     @staticmethod
     def backward(ctx, grad_q: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
-        probs, k, mean, std, gate_raw, z, q = ctx.saved_tensors
+        probs, k, mean, std, gate_raw, z = ctx.saved_tensors
         eps = ctx.eps
         m = probs.shape[1]
         s = std + eps
         k_c = k.clamp(min=K_MIN)
         gate = gate_raw.clamp(min=eps)
+        q = probs * gate.unsqueeze(1) / z.unsqueeze(-1)  # (B, M, C)
 
         # Direct path (Γ fixed): ∂L/∂p_mc|Γ = Γ_c/Z_m · (g_mc − Σ_c' g_mc' q_mc'). Z's lower bound is
         # straight-through, so the same expression holds where it is active.

@@ -1,0 +1,173 @@
+"""Checkpoints: safetensors weights + a JSON model card, verified by sha256, never unpickled.
+
+``model_dir/model.safetensors`` holds the state dict; ``model_dir/model_card.json`` holds a
+:class:`ModelCard` with everything needed to rebuild the module through
+:func:`models.ensembles.build_ensemble` and to prepare inputs (channels, size, normalisation), plus
+provenance (data fingerprint, training config), the learned VGN ``k``, evaluation metrics and the
+calibrated deferral threshold ``abstain_k``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+__all__ = [
+    "CARD_FILE",
+    "WEIGHTS_FILE",
+    "CheckpointError",
+    "ModelCard",
+    "file_sha256",
+    "learned_k",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+WEIGHTS_FILE = "model.safetensors"
+CARD_FILE = "model_card.json"
+
+
+class CheckpointError(ValueError):
+    """A model directory is missing a file, is malformed, or its weights fail verification."""
+
+
+class ModelCard(BaseModel):
+    """Description of a trained model; JSON-serialised next to its weights."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    name: str
+    version: str = "1.0.0"
+    description: str = ""
+    backbone: str
+    backbone_kwargs: dict[str, Any] = Field(default_factory=dict)
+    ensemble: str  # "de" | "lle" | "mcd" | "mcd-lle"
+    members: int  # de/lle: M; mcd: S samples; mcd-lle: H heads
+    mc_samples: int = 10  # mcd-lle only: S dropout samples per head
+    vgn: bool = False
+    k_fixed: float | list[float] | None = None  # fixed VGN k; None = learned per class
+    class_names: list[str]
+    in_channels: int
+    input_size: tuple[int, int]  # (H, W)
+    mean: list[float]
+    std: list[float]
+    dataset: str = ""
+    data_fingerprint: str = ""
+    learned_k: list[float] | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    abstain_calibration: dict[str, Any] = Field(default_factory=dict)
+    training: dict[str, Any] = Field(default_factory=dict)
+    weights_sha256: str = ""
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def abstain_k(self) -> float | None:
+        """Calibrated deferral threshold, if the card has one."""
+        v = self.abstain_calibration.get("abstain_k")
+        return None if v is None else float(v)
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def learned_k(module: nn.Module) -> list[float] | None:
+    """The VGN's per-class ``k`` (learned or fixed) as a list, or ``None`` for non-VGN models."""
+    vgn = getattr(module, "vgn", None)
+    if vgn is None:
+        return None
+    return [float(v) for v in vgn.k.detach().cpu().flatten()]
+
+
+def build_from_card(card: ModelCard) -> nn.Module:
+    """Rebuild the (untrained) ensemble described by ``card``."""
+    from models.ensembles import build_ensemble
+
+    return build_ensemble(
+        card.ensemble, card.backbone, card.num_classes, card.members, card.vgn, card.in_channels,
+        backbone_kwargs=card.backbone_kwargs, k=card.k_fixed, mc_samples=card.mc_samples,
+    )
+
+
+def save_checkpoint(module: nn.Module, card: ModelCard, out_dir: str | Path) -> ModelCard:
+    """Write ``model.safetensors`` and ``model_card.json`` (with the weights' sha256) to ``out_dir``.
+
+    Returns the card as written (``weights_sha256`` and ``learned_k`` filled in).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
+    weights = out / WEIGHTS_FILE
+    tmp = weights.with_suffix(".safetensors.tmp")
+    save_file(state, str(tmp), metadata={"format": "pt", "name": card.name})
+    tmp.replace(weights)
+    card = card.model_copy(update={"weights_sha256": file_sha256(weights),
+                                   "learned_k": learned_k(module)})
+    (out / CARD_FILE).write_text(json.dumps(card.model_dump(mode="json"), indent=2) + "\n")
+    return card
+
+
+def read_card(model_dir: str | Path) -> ModelCard:
+    """Parse ``model_card.json``; ``CheckpointError`` naming the file when missing or invalid."""
+    path = Path(model_dir) / CARD_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: model card not found")
+    try:
+        return ModelCard.model_validate_json(path.read_text())
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise CheckpointError(f"{path}: invalid model card: {loc}: {first['msg']}") from None
+    except ValueError as e:
+        raise CheckpointError(f"{path}: invalid model card: {e}") from None
+
+
+def load_checkpoint(model_dir: str | Path, device: str | torch.device = "cpu"
+                    ) -> tuple[nn.Module, ModelCard]:
+    """Rebuild, verify and load a model: returns ``(module in eval mode on device, card)``.
+
+    Verifies the sha256 of ``model.safetensors`` against the card before reading it and loads the
+    tensors with safetensors only (no pickle). Raises :class:`CheckpointError` naming the offending
+    file when something is missing, altered or inconsistent with the architecture.
+    """
+    model_dir = Path(model_dir)
+    card = read_card(model_dir)
+    weights = model_dir / WEIGHTS_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{weights}: weights file not found")
+    digest = file_sha256(weights)
+    if digest != card.weights_sha256:
+        raise CheckpointError(
+            f"{weights}: sha256 {digest[:16]}… does not match the model card "
+            f"({card.weights_sha256[:16] or '<empty>'}…); the file was altered or belongs to "
+            "another model"
+        )
+    try:
+        module = build_from_card(card)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{model_dir / CARD_FILE}: cannot build the model: {e}") from None
+    try:
+        state = load_file(str(weights), device="cpu")
+        module.load_state_dict(state, strict=True)
+    except (RuntimeError, OSError) as e:  # safetensors' errors and key/shape mismatches
+        msg = str(e).splitlines()[0]
+        raise CheckpointError(f"{weights}: cannot load weights: {msg}") from None
+    module.to(device).eval()
+    return module, card

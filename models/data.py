@@ -1,0 +1,315 @@
+"""Datasets: the bundled MNIST subset, torchvision datasets by name, and ImageFolder directories.
+
+All loaders return a :class:`DataBundle` with train/validation/test ``Dataset`` objects yielding
+``(x float (Cin, H, W) normalised, y int64)``, plus the metadata a model card records: class names,
+input channels and size, the normalisation mean/std (SI S3.2: "each dataset was normalized using its
+respective mean and standard deviation") and a fingerprint of the exact data and split.
+
+Nothing here downloads unless the caller passes ``allow_download=True`` explicitly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.model_selection import train_test_split
+from torch.utils.data import Dataset, Subset, TensorDataset
+
+__all__ = [
+    "BUNDLED_MNIST_SHA256",
+    "DATASET_STATS",
+    "DataBundle",
+    "bundled_mnist_path",
+    "bundled_split",
+    "load_bundled_mnist",
+    "load_dataset",
+    "normalise_uint8",
+]
+
+BUNDLED_MNIST_SHA256 = "72ea69cde1025fdaa738e8c78235c918c1c6e4fbb09d0a84c7dc64ff12feecac"
+SPLIT_SEED = 0
+SPLIT_FRACTIONS = (0.7, 0.1, 0.2)  # train / validation / test
+
+# Published per-channel statistics of the torchvision training sets (pixel values in [0, 1]).
+DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashionmnist": ((0.2860,), (0.3530,)),
+    "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+TORCHVISION_NAMES = {
+    "mnist": "MNIST",
+    "fashionmnist": "FashionMNIST",
+    "fashion-mnist": "FashionMNIST",
+    "svhn": "SVHN",
+    "cifar10": "CIFAR10",
+    "cifar-10": "CIFAR10",
+    "cifar100": "CIFAR100",
+    "cifar-100": "CIFAR100",
+}
+
+
+@dataclass
+class DataBundle:
+    """Train/validation/test datasets plus the metadata recorded in a model card."""
+
+    name: str
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    class_names: list[str]
+    in_channels: int
+    input_size: tuple[int, int]  # (H, W)
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    fingerprint: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+def bundled_mnist_path() -> Path:
+    """Path of the committed ``mnist-8k.npz`` (package data)."""
+    return Path(str(resources.files("models") / "data" / "mnist-8k.npz"))
+
+
+def load_bundled_mnist(verify: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``images`` uint8 (8000, 28, 28) and ``labels`` int64 (8000,) of the bundled MNIST subset.
+
+    With ``verify`` the file's sha256 is checked against :data:`BUNDLED_MNIST_SHA256`.
+    """
+    path = bundled_mnist_path()
+    raw = path.read_bytes()
+    if verify and hashlib.sha256(raw).hexdigest() != BUNDLED_MNIST_SHA256:
+        raise ValueError(f"{path}: sha256 mismatch, the bundled MNIST file is corrupted")
+    with np.load(path) as d:
+        return d["images"].copy(), d["labels"].astype(np.int64)
+
+
+def stratified_split(labels: np.ndarray, seed: int = SPLIT_SEED,
+                     fractions: tuple[float, float, float] = SPLIT_FRACTIONS
+                     ) -> dict[str, np.ndarray]:
+    """Stratified train/val/test index split (sorted int64 indices) with scikit-learn."""
+    idx = np.arange(len(labels))
+    _, val_frac, test_frac = fractions
+    rest, test = train_test_split(idx, test_size=test_frac, stratify=labels, random_state=seed)
+    train, val = train_test_split(rest, test_size=val_frac / (1.0 - test_frac),
+                                  stratify=labels[rest], random_state=seed)
+    return {k: np.sort(v).astype(np.int64) for k, v in
+            (("train", train), ("val", val), ("test", test))}
+
+
+def bundled_split() -> dict[str, np.ndarray]:
+    """The fixed 70/10/20 stratified split of the bundled MNIST subset (seed 0)."""
+    _, labels = load_bundled_mnist(verify=False)
+    return stratified_split(labels)
+
+
+def normalise_uint8(images: torch.Tensor, mean: tuple[float, ...] | list[float],
+                    std: tuple[float, ...] | list[float]) -> torch.Tensor:
+    """uint8 ``(..., C, H, W)`` -> float32 scaled to [0, 1] and normalised per channel.
+
+    The single definition of input normalisation, shared by the bundled dataset and
+    :meth:`models.predictor.Predictor.prepare` (torchvision.transforms.v2 functional ops).
+    """
+    from torchvision.transforms.v2 import functional as TF
+
+    x = TF.to_dtype(images, torch.float32, scale=True)
+    return TF.normalize(x, list(mean), list(std))
+
+
+def _fingerprint(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        b = part.encode() if isinstance(part, str) else part
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def _split_fingerprint(split: dict[str, np.ndarray]) -> list[bytes]:
+    return [split[k].astype("<i8").tobytes() for k in ("train", "val", "test")]
+
+
+def _load_mnist_bundled(max_train_samples: int | None) -> DataBundle:
+    images, labels = load_bundled_mnist()
+    split = bundled_split()
+    raw = torch.from_numpy(images).unsqueeze(1)  # (N, 1, 28, 28) uint8
+    train_px = raw[torch.from_numpy(split["train"])].float().div_(255.0)
+    mean, std = round(float(train_px.mean()), 6), round(float(train_px.std()), 6)
+    # Same ops as Predictor.prepare, so served inputs are bit-identical to training/test inputs.
+    x = normalise_uint8(raw, (mean,), (std,))
+    y = torch.from_numpy(labels)
+    train_idx = split["train"]
+    if max_train_samples is not None:
+        train_idx = train_idx[:max_train_samples]
+
+    def part(idx: np.ndarray) -> TensorDataset:
+        t = torch.from_numpy(idx)
+        return TensorDataset(x[t], y[t])
+
+    return DataBundle(
+        name="mnist-bundled",
+        train=part(train_idx),
+        val=part(split["val"]),
+        test=part(split["test"]),
+        class_names=[str(i) for i in range(10)],
+        in_channels=1,
+        input_size=(28, 28),
+        mean=(mean,),
+        std=(std,),
+        fingerprint=_fingerprint("mnist-bundled", images.tobytes(), labels.astype("<i8").tobytes(),
+                                 *_split_fingerprint(split)),
+        extra={"split_sizes": {k: int(len(v)) for k, v in split.items()}},
+    )
+
+
+def _transform(mean: tuple[float, ...], std: tuple[float, ...], size: tuple[int, int] | None):
+    from torchvision.transforms import v2
+
+    ops: list = [v2.ToImage()]
+    if size is not None:
+        ops.append(v2.Resize(size, antialias=True))
+    ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+    return v2.Compose(ops)
+
+
+def _targets(ds: Dataset) -> np.ndarray:
+    t = getattr(ds, "targets", None)
+    if t is None:
+        t = getattr(ds, "labels", None)  # SVHN
+    if t is None:
+        raise ValueError("dataset exposes neither .targets nor .labels")
+    return np.asarray(t, dtype=np.int64)
+
+
+def _load_torchvision(name: str, root: Path, allow_download: bool,
+                      max_train_samples: int | None) -> DataBundle:
+    import torchvision.datasets as tvd
+
+    key = name.lower()
+    cls_name = TORCHVISION_NAMES[key]
+    stats_key = cls_name.lower()
+    mean, std = DATASET_STATS[stats_key]
+    tf = _transform(mean, std, None)
+    cls = getattr(tvd, cls_name)
+    try:
+        if cls_name == "SVHN":
+            full = cls(root=str(root), split="train", transform=tf, download=allow_download)
+            test = cls(root=str(root), split="test", transform=tf, download=allow_download)
+        else:
+            full = cls(root=str(root), train=True, transform=tf, download=allow_download)
+            test = cls(root=str(root), train=False, transform=tf, download=allow_download)
+    except RuntimeError as e:
+        hint = "" if allow_download else " (downloads are off: pass allow_download=True)"
+        raise ValueError(f"{cls_name} not found under {root}{hint}: {e}") from None
+    labels = _targets(full)
+    # validation: a fixed stratified 10% of the official training set; test: the official test set
+    tr, va = train_test_split(np.arange(len(labels)), test_size=0.1, stratify=labels,
+                              random_state=SPLIT_SEED)
+    tr, va = np.sort(tr), np.sort(va)
+    if max_train_samples is not None:
+        tr = tr[:max_train_samples]
+    classes = getattr(full, "classes", None) or [str(i) for i in range(int(labels.max()) + 1)]
+    x0 = full[0][0]
+    return DataBundle(
+        name=cls_name.lower(),
+        train=Subset(full, tr.tolist()),
+        val=Subset(full, va.tolist()),
+        test=test,
+        class_names=[str(c) for c in classes],
+        in_channels=int(x0.shape[0]),
+        input_size=(int(x0.shape[1]), int(x0.shape[2])),
+        mean=mean,
+        std=std,
+        fingerprint=_fingerprint(cls_name, labels.astype("<i8").tobytes(),
+                                 _targets(test).astype("<i8").tobytes(),
+                                 tr.astype("<i8").tobytes(), va.astype("<i8").tobytes()),
+    )
+
+
+def _load_imagefolder(path: Path, image_size: int | None, max_train_samples: int | None,
+                      grayscale: bool = False) -> DataBundle:
+    """ImageFolder data: ``path/{train,val,test}/<class>/*`` or ``path/<class>/*`` (split 70/10/20)."""
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import v2
+
+    if not path.is_dir():
+        raise ValueError(f"ImageFolder directory {path} does not exist")
+    size = (image_size, image_size) if image_size else (32, 32)
+    in_ch = 1 if grayscale else 3
+
+    def loader(p: str):
+        from PIL import Image
+
+        with Image.open(p) as im:
+            return im.convert("L" if grayscale else "RGB")
+
+    # Normalisation statistics from (up to 512) training images, resized, in [0, 1].
+    probe_tf = v2.Compose([v2.ToImage(), v2.Resize(size, antialias=True),
+                           v2.ToDtype(torch.float32, scale=True)])
+    has_splits = all((path / s).is_dir() for s in ("train", "val", "test"))
+    root_train = path / "train" if has_splits else path
+    probe = ImageFolder(str(root_train), transform=probe_tf, loader=loader)
+    if len(probe) == 0:
+        raise ValueError(f"no images found under {root_train}")
+    probe_idx = np.linspace(0, len(probe) - 1, num=min(512, len(probe))).astype(int)
+    xs = torch.stack([probe[int(i)][0] for i in probe_idx])  # (n, C, H, W)
+    mean = tuple(round(float(v), 6) for v in xs.mean(dim=(0, 2, 3)))
+    std = tuple(round(float(v), 6) for v in xs.std(dim=(0, 2, 3)).clamp(min=1e-6))
+    tf = _transform(mean, std, size)
+    if has_splits:
+        parts = {s: ImageFolder(str(path / s), transform=tf, loader=loader)
+                 for s in ("train", "val", "test")}
+        files = [f"{s}/{Path(p).relative_to(path / s)}:{c}" for s in parts
+                 for p, c in parts[s].samples]
+        train_ds, val_ds, test_ds = parts["train"], parts["val"], parts["test"]
+        classes = parts["train"].classes
+        if max_train_samples is not None:
+            train_ds = Subset(train_ds, list(range(min(max_train_samples, len(train_ds)))))
+        split_bytes: list[bytes] = []
+    else:
+        full = ImageFolder(str(path), transform=tf, loader=loader)
+        labels = np.asarray(full.targets, dtype=np.int64)
+        split = stratified_split(labels)
+        tr = split["train"] if max_train_samples is None else split["train"][:max_train_samples]
+        train_ds, val_ds, test_ds = (Subset(full, tr.tolist()), Subset(full, split["val"].tolist()),
+                                     Subset(full, split["test"].tolist()))
+        files = [f"{Path(p).relative_to(path)}:{c}" for p, c in full.samples]
+        classes = full.classes
+        split_bytes = _split_fingerprint(split)
+    return DataBundle(
+        name=f"imagefolder:{path}",
+        train=train_ds, val=val_ds, test=test_ds,
+        class_names=list(classes), in_channels=in_ch, input_size=size, mean=mean, std=std,
+        fingerprint=_fingerprint("imagefolder", "\n".join(files), *split_bytes),
+    )
+
+
+def load_dataset(name: str, data_root: str | Path | None = None, allow_download: bool = False,
+                 max_train_samples: int | None = None, image_size: int | None = None) -> DataBundle:
+    """Load ``"mnist-bundled"``, a torchvision dataset by name (``"MNIST"``, ``"FashionMNIST"``,
+    ``"SVHN"``, ``"CIFAR10"``, ``"CIFAR100"``) or ``"imagefolder:<path>"``.
+
+    ``max_train_samples`` truncates the training split (tiny runs in tests).
+    """
+    if name == "mnist-bundled":
+        return _load_mnist_bundled(max_train_samples)
+    if name.startswith("imagefolder:"):
+        return _load_imagefolder(Path(name.split(":", 1)[1]).expanduser(), image_size,
+                                 max_train_samples)
+    if name.lower() in TORCHVISION_NAMES:
+        root = Path(data_root).expanduser() if data_root else Path.home() / ".cache" / "vge" / "data"
+        return _load_torchvision(name, root, allow_download, max_train_samples)
+    raise ValueError(
+        f"unknown dataset {name!r}: use 'mnist-bundled', one of "
+        f"{sorted(set(TORCHVISION_NAMES.values()))}, or 'imagefolder:<path>'"
+    )

@@ -1,0 +1,290 @@
+"""Evaluation of variance-gated ensembles (paper §4 and SI S3.3/S4): metrics, plots, report.
+
+* :func:`evaluate_predictions` — every metric from member probabilities, as a JSON-ready dict (the
+  training code stores it in the model card).
+* :func:`run_evaluation` — load a saved model, run a data split and the offline OOD set, write
+  ``metrics.json``, PNG figures and ``report.md`` (what ``vge evaluate`` runs).
+* :func:`calibrate_abstain_k` — deferral threshold calibration on a validation split.
+
+One concept per module: :mod:`.classification` (accuracy, macro-F1, ECE, NLL, Brier, diversity),
+:mod:`.ranking` (Spearman/Kendall, AUCc), :mod:`.selective` (risk–coverage, AURC, E-AURC),
+:mod:`.ood` (AUROC, FPR@95, natural-image OOD set), :mod:`.calibration`, :mod:`.plots`, :mod:`.report`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from models.evaluation.calibration import calibrate_abstain_k
+from models.evaluation.classification import (
+    as_numpy,
+    classification_metrics,
+    diversity,
+    reliability_bins,
+)
+from models.evaluation.ood import natural_image_patches, ood_metrics
+from models.evaluation.ranking import aucc, aucc_curve, rank_consistency
+from models.evaluation.selective import risk_coverage_curve, selective_metrics
+from models.uncertainty.scoring import EnsembleScores, score_members
+from models.uncertainty.validation import check_probs
+
+__all__ = [
+    "UNCERTAINTY_SCORES",
+    "calibrate_abstain_k",
+    "evaluate_predictions",
+    "natural_image_patches",
+    "run_evaluation",
+]
+
+#: Uncertainty scores evaluated (fields of ``EnsembleScores``; higher = more uncertain).
+UNCERTAINTY_SCORES = ("vgmu", "tu", "au", "eu", "mutual_information", "epkl", "epjs", "epce")
+#: Scores drawn in the comparison figures (the paper's VGMU vs EU / EPKL / EPJS).
+PLOTTED_SCORES = ("vgmu", "eu", "epkl", "epjs")
+#: Size of the natural-image OOD set used by :func:`run_evaluation`.
+OOD_SAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    metrics: dict[str, Any]
+    scores: dict[str, np.ndarray]  # per-sample ID scores
+    ood_scores: dict[str, np.ndarray] | None
+    errors: np.ndarray
+    predictive: np.ndarray  # (N, C) predictive distribution
+
+
+def _score_arrays(scores: EnsembleScores) -> dict[str, np.ndarray]:
+    return {name: getattr(scores, name).double().numpy() for name in UNCERTAINTY_SCORES}
+
+
+def _clean(obj: Any) -> Any:
+    """Replace non-finite floats by ``None`` so the result is strict JSON."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _evaluate(
+    p: Tensor,
+    q: Tensor | None,
+    labels: Any,
+    p_ood: Tensor | None = None,
+    q_ood: Tensor | None = None,
+    abstain_k: float = 1.0,
+) -> _Evaluation:
+    p = check_probs(torch.as_tensor(as_numpy(p)))
+    q = None if q is None else check_probs(torch.as_tensor(as_numpy(q)))
+    y = as_numpy(labels).astype(np.int64).ravel()
+    n, m, c = p.shape
+    if n == 0:
+        raise ValueError("evaluation needs at least one sample")
+    if y.shape[0] != n:
+        raise ValueError(f"labels must have {n} entries (one per sample); got {y.shape[0]}")
+    scores = score_members(p, q, abstain_k=abstain_k)
+    arrays = _score_arrays(scores)
+    errors = (scores.prediction.numpy() != y).astype(np.float64)
+
+    gated = q is not None
+    predictive = (q if gated else p).mean(dim=1).double().numpy()
+    accepted = ~scores.abstain.numpy()
+    metrics: dict[str, Any] = {
+        "n_samples": n,
+        "n_classes": c,
+        "n_members": m,
+        "gated": gated,
+        "predictive": "q" if gated else "p",
+        "classification": classification_metrics(predictive, y),
+        "classification_raw": classification_metrics(p.mean(dim=1).double().numpy(), y)
+        if gated
+        else None,
+        "diversity": {"p": diversity(p), **({"q": diversity(q)} if gated else {})},
+        "abstention": {
+            "abstain_k": float(abstain_k),
+            "deferral": float(1.0 - accepted.mean()),
+            "n_accepted": int(accepted.sum()),
+            "accepted_risk": float(errors[accepted].mean()) if accepted.any() else None,
+        },
+        "uncertainty_means": {k: float(v.mean()) for k, v in arrays.items()},
+        "rank_consistency": rank_consistency(arrays),
+        "aucc": {k: aucc(v) for k, v in arrays.items()},
+        "selective": {k: selective_metrics(v, errors) for k, v in arrays.items()},
+        "ood": None,
+    }
+
+    ood_arrays = None
+    if p_ood is not None:
+        if gated != (q_ood is not None):
+            raise ValueError("give q_ood exactly when q is given (same model on both sets)")
+        ood_scores = score_members(p_ood, q_ood, abstain_k=abstain_k)
+        ood_arrays = _score_arrays(ood_scores)
+        metrics["ood"] = {
+            "n_id": n,
+            "n_ood": int(ood_scores.prediction.shape[0]),
+            "abstain_rate": float(ood_scores.abstain.double().mean()),
+            "scores": ood_metrics(arrays, ood_arrays),
+        }
+    return _Evaluation(_clean(metrics), arrays, ood_arrays, errors, predictive)
+
+
+def evaluate_predictions(
+    p: Tensor,
+    q: Tensor | None,
+    labels: Any,
+    p_ood: Tensor | None = None,
+    q_ood: Tensor | None = None,
+    abstain_k: float = 1.0,
+) -> dict[str, Any]:
+    """Every evaluation metric from member probabilities, as a JSON-ready nested dict.
+
+    Args:
+        p: raw member probabilities ``(N, M, C)``; ``q``: VGN-gated members or ``None``.
+        labels: true classes ``(N,)``.
+        p_ood, q_ood: the same model's members on an OOD set (optional; ``q_ood`` iff ``q``).
+        abstain_k: deferral threshold of the margin rule (paper §3.2).
+
+    Returns keys ``n_samples, n_classes, n_members, gated, predictive ("q" for VGN models — the
+    mixture trained by NLL — else "p"), classification {accuracy, macro_f1, ece, nll, brier} of that
+    predictive mean, classification_raw (same for p̄; VGN models only, else None), diversity {p[, q]},
+    abstention {abstain_k, deferral, n_accepted, accepted_risk}, uncertainty_means {score},
+    rank_consistency {eu|epkl|epjs: {spearman, kendall}} (VGMU vs each), aucc {score},
+    selective {score: {aurc, eaurc, coverage_at_risk {"0.01", "0.02", "0.05"}}}, ood (None, or
+    {n_id, n_ood, abstain_rate, scores {score: {auroc, fpr95}}})``. Scores are the
+    ``EnsembleScores`` uncertainty fields (:data:`UNCERTAINTY_SCORES`); selective errors are those of
+    ``EnsembleScores.prediction`` (the class the service serves). Undefined values are ``None``.
+    """
+    return _evaluate(p, q, labels, p_ood, q_ood, abstain_k).metrics
+
+
+# --------------------------------------------------------------------------- run_evaluation
+
+
+def _card_get(card: Any, *names: str, default: Any = None) -> Any:
+    """First present attribute/key of the model card among ``names``."""
+    for name in names:
+        value = card.get(name) if isinstance(card, Mapping) else getattr(card, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _forward_all(predictor: Any, images: Tensor, batch_size: int = 256) -> tuple[Tensor, Tensor | None]:
+    """Prepare uint8 images ``(N, C, H, W)`` with the predictor and stack its ensemble outputs."""
+    ps, qs = [], []
+    for start in range(0, images.shape[0], batch_size):
+        chunk = images[start : start + batch_size]
+        x = torch.stack([predictor.prepare(img) for img in chunk])
+        out = predictor.forward(x)
+        ps.append(out.p.detach().cpu())
+        if out.q is not None:
+            qs.append(out.q.detach().cpu())
+    return torch.cat(ps), (torch.cat(qs) if qs else None)
+
+
+def _load_split(card: Any, split: str) -> tuple[Tensor, np.ndarray, str]:
+    """uint8 images ``(N, C, H, W)``, labels, and a description of the bundled split."""
+    from models import data
+
+    images, labels = data.load_split(split)
+    images = torch.as_tensor(np.asarray(images))
+    if images.ndim == 3:
+        images = images[:, None]
+    return images, np.asarray(labels), f"bundled MNIST {split} split"
+
+
+def run_evaluation(model_dir: str | Path, out_dir: str | Path, split: str = "test") -> dict[str, Any]:
+    """Evaluate a saved model on a data split and the natural-image OOD set; write the artefacts.
+
+    Writes into ``out_dir``: ``metrics.json`` (the dict returned), ``report.md`` and PNG figures
+    (reliability diagram, margin–variance geometry, risk–coverage, AUCc curves, OOD ROC, and — when
+    the card has them — learned k per class and the deferral calibration curve). The abstain ``k`` is
+    the card's calibrated value when present, else 1.0.
+    """
+    from models.evaluation import plots
+    from models.evaluation.report import write_report
+    from models.predictor import Predictor
+
+    if split not in ("test", "val"):
+        raise ValueError(f"split must be 'test' or 'val'; got {split!r}")
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    predictor = Predictor.from_dir(model_dir)
+    card = predictor.card
+    calibration = _card_get(card, "abstain_calibration", "calibration")
+    abstain_k = float(
+        _card_get(calibration or {}, "abstain_k", default=None)
+        or _card_get(card, "abstain_k", default=1.0)
+    )
+
+    images, labels, source = _load_split(card, split)
+    p, q = _forward_all(predictor, images)
+    channels, height, width = (int(v) for v in images.shape[1:])
+    ood_images = natural_image_patches(OOD_SAMPLES, channels=channels, size=(height, width))
+    p_ood, q_ood = _forward_all(predictor, ood_images)
+
+    ev = _evaluate(p, q, labels, p_ood, q_ood, abstain_k=abstain_k)
+    metrics = dict(ev.metrics)
+    metrics["model"] = {
+        "name": str(_card_get(card, "name", default=model_dir.name)),
+        "version": _card_get(card, "version"),
+        "dir": str(model_dir),
+    }
+    metrics["split"] = split
+    metrics["data"] = source
+    metrics["ood"]["source"] = "scikit-image sample photographs, 64×64 crops resized to the input"
+    if calibration:
+        metrics["calibration"] = {k: v for k, v in dict(calibration).items() if k != "curve"}
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figs: dict[str, str] = {}
+    figs["Reliability diagram"] = plots.reliability_diagram(
+        reliability_bins(ev.predictive, labels), out_dir / "reliability.png"
+    ).name
+    figs["Margin–variance geometry (paper Fig. 4)"] = plots.margin_variance_geometry(
+        p, ev.scores["vgmu"], out_dir / "margin_variance.png", abstain_k=abstain_k
+    ).name
+    shown = {k: ev.scores[k] for k in PLOTTED_SCORES}
+    figs["Risk–coverage"] = plots.risk_coverage_plot(
+        {k: risk_coverage_curve(v, ev.errors) for k, v in shown.items()},
+        out_dir / "risk_coverage.png",
+        aurc={k: metrics["selective"][k]["aurc"] for k in shown},
+    ).name
+    figs["Uncertainty mass concentration (AUCc)"] = plots.aucc_plot(
+        {k: aucc_curve(v) for k, v in shown.items()},
+        out_dir / "aucc.png",
+        values={k: metrics["aucc"][k] for k in shown},
+    ).name
+    figs["OOD detection ROC"] = plots.ood_roc_plot(
+        shown, {k: ev.ood_scores[k] for k in PLOTTED_SCORES}, out_dir / "ood_roc.png"
+    ).name
+    learned_k = _card_get(card, "learned_k")
+    if learned_k is not None and len(learned_k) > 0:
+        figs["Learned k per class"] = plots.learned_k_plot(
+            learned_k, out_dir / "learned_k.png", _card_get(card, "class_names")
+        ).name
+    if calibration and calibration.get("curve"):
+        figs["Deferral calibration"] = plots.deferral_curve_plot(
+            calibration, out_dir / "deferral_calibration.png"
+        ).name
+
+    metrics["plots"] = figs
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    write_report(
+        metrics,
+        out_dir / "report.md",
+        plots=figs,
+        title=f"Evaluation: {metrics['model']['name']}",
+        context={"split": split, "data": source, "abstain_k": abstain_k},
+    )
+    return metrics

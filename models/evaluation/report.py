@@ -1,0 +1,163 @@
+"""Markdown evaluation report: the metrics of :func:`models.evaluation.evaluate_predictions` as tables,
+with the PNG figures embedded by relative path (so the report renders next to its plots)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: Human-readable names of the uncertainty scores (keys of ``EnsembleScores``).
+SCORE_LABELS = {
+    "vgmu": "VGMU",
+    "tu": "TU",
+    "au": "AU",
+    "eu": "EU",
+    "mutual_information": "MI",
+    "epkl": "EPKL",
+    "epjs": "EPJS",
+    "epce": "EPCE",
+}
+
+
+_DIST = {"p": "p̄ (mean of the raw members)", "q": "q̄ (mean of the VGN-gated members)"}
+
+
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def render_report(
+    metrics: Mapping[str, Any],
+    plots: Mapping[str, str] | None = None,
+    title: str = "Evaluation report",
+    context: Mapping[str, Any] | None = None,
+) -> str:
+    """Markdown text for ``metrics`` (the dict of ``evaluate_predictions``).
+
+    Args:
+        plots: ``{caption: relative PNG path}``, embedded in order at the end.
+        context: extra key/values listed under the title (model name, split, …).
+    """
+    out = [f"# {title}", ""]
+    for key, value in (context or {}).items():
+        out.append(f"- **{key}**: {_fmt(value)}")
+    out += [
+        f"- **samples**: {metrics['n_samples']} · **classes**: {metrics['n_classes']} · "
+        f"**members**: {metrics['n_members']} · **VGN-gated**: {_fmt(metrics['gated'])}",
+        "",
+        "## Predictive performance and calibration",
+        "",
+        f"Predictive distribution: {_DIST[metrics['predictive']]}. ECE uses 15 equal-width "
+        "bins; Brier is summed over classes; diversity is the member variance averaged over samples "
+        "and classes (SI S3.3).",
+        "",
+    ]
+    cls = metrics["classification"]
+    keys = ["accuracy", "macro_f1", "ece", "nll", "brier"]
+    rows = [[_DIST[metrics["predictive"]], *[cls[k] for k in keys]]]
+    if metrics.get("classification_raw"):
+        rows.append([_DIST["p"], *[metrics["classification_raw"][k] for k in keys]])
+    out += _table(["distribution", "accuracy", "macro-F1", "ECE", "NLL", "Brier"], rows)
+    out += _table(
+        ["members", "diversity E[Var_M]"], [[k, v] for k, v in metrics["diversity"].items()]
+    )
+
+    ab = metrics["abstention"]
+    out += [
+        "## Abstention (margin rule, paper §3.2)",
+        "",
+        f"Predict iff p̄1 − k·s1 > p̄2 + k·s2 with k = {ab['abstain_k']:g}: deferral "
+        f"{_fmt(ab['deferral'])}, error among accepted {_fmt(ab['accepted_risk'])} "
+        f"({ab['n_accepted']} accepted).",
+        "",
+    ]
+
+    out += ["## Uncertainty scores", ""]
+    sel = metrics["selective"]
+    risk_keys = list(next(iter(sel.values()))["coverage_at_risk"]) if sel else []
+    rows = []
+    for name, s in sel.items():
+        rows.append(
+            [
+                SCORE_LABELS.get(name, name),
+                metrics["uncertainty_means"].get(name),
+                metrics["aucc"].get(name),
+                s["aurc"],
+                s["eaurc"],
+                *[s["coverage_at_risk"][r] for r in risk_keys],
+            ]
+        )
+    out += [
+        "Mean score; AUCc (uncertainty-mass concentration, 0.5 = none; §4.2); AURC / E-AURC "
+        "(selective risk, lower is better); coverage at a target selective risk.",
+        "",
+    ]
+    out += _table(
+        ["score", "mean", "AUCc", "AURC", "E-AURC", *[f"cov@risk≤{r}" for r in risk_keys]], rows
+    )
+
+    rc = metrics["rank_consistency"]
+    out += ["## Rank consistency with VGMU (§4.1)", ""]
+    out += _table(
+        ["score", "Spearman ρ", "Kendall τ"],
+        [[SCORE_LABELS.get(k, k), v["spearman"], v["kendall"]] for k, v in rc.items()],
+    )
+
+    if metrics.get("ood"):
+        ood = metrics["ood"]
+        out += [
+            "## Out-of-distribution detection (§4.6)",
+            "",
+            f"{ood['n_id']} in-distribution vs {ood['n_ood']} OOD samples"
+            + (f" ({ood['source']})" if ood.get("source") else "")
+            + f"; abstain rate on OOD {_fmt(ood['abstain_rate'])}.",
+            "",
+        ]
+        out += _table(
+            ["score", "AUROC", "FPR@95"],
+            [[SCORE_LABELS.get(k, k), v["auroc"], v["fpr95"]] for k, v in ood["scores"].items()],
+        )
+
+    if metrics.get("calibration"):
+        cal = metrics["calibration"]
+        out += [
+            "## Deferral threshold calibration",
+            "",
+            f"Mode `{cal['mode']}`, target {cal['target']:g}: abstain k = {cal['abstain_k']:.4g}, "
+            f"achieved deferral {_fmt(cal['achieved_deferral'])}, "
+            f"error among accepted {_fmt(cal['achieved_risk'])}.",
+            "",
+        ]
+
+    if plots:
+        out += ["## Figures", ""]
+        for caption, rel in plots.items():
+            out += [f"### {caption}", "", f"![{caption}]({rel})", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_report(
+    metrics: Mapping[str, Any],
+    path: str | Path,
+    plots: Mapping[str, str] | None = None,
+    title: str = "Evaluation report",
+    context: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write :func:`render_report` to ``path`` (UTF-8) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_report(metrics, plots, title, context), encoding="utf-8")
+    return path

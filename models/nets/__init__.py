@@ -1,0 +1,12 @@
+"""Backbones (SI S3.1): LeNet-5 (MNIST), ResNet-18 and WideResNet-28-10 (SVHN, CIFAR)."""
+
+from . import lenet, resnet, wideresnet  # noqa: F401  (registers the backbones)
+from .registry import (
+    Backbone,
+    HeadSpec,
+    available_backbones,
+    create_backbone,
+    register_backbone,
+)
+
+__all__ = ["Backbone", "HeadSpec", "available_backbones", "create_backbone", "register_backbone"]
