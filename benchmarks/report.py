@@ -38,7 +38,13 @@ def write_section(name: str, command: str, body: str) -> None:
         f"<!-- BEGIN {name} -->\n## {name}\n\nMachine: {machine()}  \nCommand: `{command}`\n\n"
         f"{body.rstrip()}\n<!-- END {name} -->\n"
     )
-    pattern = re.compile(rf"<!-- BEGIN {re.escape(name)} -->.*?<!-- END {re.escape(name)} -->\n", re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block
+    pattern = re.compile(
+        rf"<!-- BEGIN {re.escape(name)} -->.*?<!-- END {re.escape(name)} -->\n", re.S
+    )
+    text = (
+        pattern.sub(lambda _: block, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + block
+    )
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(text)

@@ -38,8 +38,8 @@ class VGNFunction(torch.autograd.Function):
         gate_raw = -torch.expm1(-mean / (k_c * s))  # (B, C) = 1 − exp(−u)
         gate = gate_raw.clamp(min=eps)
         z = torch.einsum("bmc,bc->bm", probs, gate).clamp(min=eps)  # (B, M)
-        q = probs * gate.unsqueeze(1) / z.unsqueeze(-1)  # (B, M, C)
-        # q is recomputed in backward rather than saved: it is the largest tensor, (B, M, C).
+        q = probs * (gate.unsqueeze(1) / z.unsqueeze(-1))  # (B, M, C)
+        # q is not saved: it is the largest tensor, (B, M, C), and backward never needs it whole.
         ctx.save_for_backward(probs, k, mean, std, gate_raw, z)
         ctx.eps = eps
         return q
@@ -51,32 +51,42 @@ class VGNFunction(torch.autograd.Function):
         m = probs.shape[1]
         s = std + eps
         k_c = k.clamp(min=K_MIN)
-        gate = gate_raw.clamp(min=eps)
-        q = probs * gate.unsqueeze(1) / z.unsqueeze(-1)  # (B, M, C)
+        gate = gate_raw.clamp(min=eps)  # (B, C)
+        inv_z = 1.0 / z  # (B, M)
 
-        # Direct path (Γ fixed): ∂L/∂p_mc|Γ = Γ_c/Z_m · (g_mc − Σ_c' g_mc' q_mc'). Z's lower bound is
-        # straight-through, so the same expression holds where it is active.
-        r = (grad_q * q).sum(dim=-1, keepdim=True)  # (B, M, 1)
-        a = (grad_q - r) / z.unsqueeze(-1)  # (B, M, C)
-        grad_p = a * gate.unsqueeze(1)  # (B, M, C)
-
+        # Direct path (Γ fixed), with q never materialised (it is p ⊙ Γ / Z):
+        #   r_m = Σ_c g_mc q_mc = (g_m ⊙ p_m)ᵀ Γ / Z_m
+        #   ∂L/∂p_mc|Γ = Γ_c (g_mc − r_m) / Z_m
+        # Z's lower bound is straight-through, so the same expression holds where it is active.
+        gp = grad_q * probs  # (B, M, C)
+        r = torch.einsum("bmc,bc->bm", gp, gate) * inv_z  # (B, M)
         # Gradient reaching the shared gate: ∂L/∂Γ_c = Σ_m p_mc (g_mc − r_m) / Z_m.
-        grad_gate = (probs * a).sum(dim=1)  # (B, C)
+        grad_gate = torch.einsum("bmc,bm->bc", gp, inv_z) - torch.einsum(
+            "bmc,bm->bc", probs, r * inv_z
+        )
         grad_gate = grad_gate * (gate_raw >= eps)  # clamp Γ ≥ ε
         # Γ = 1 − e^{−u}, u = p̄/(k s):  ∂Γ/∂u = e^{−u} = 1 − Γ_raw.
         grad_u = grad_gate * (1 - gate_raw)  # (B, C)
         inv_ks = 1.0 / (k_c * s)
 
-        # Through-mean path: ∂u/∂p̄ = 1/(k s), ∂p̄/∂p_m = 1/M.
-        grad_mean = grad_u * inv_ks  # (B, C)
-        grad_p = grad_p + grad_mean.unsqueeze(1) / m
-
+        # Through-mean path: ∂u/∂p̄ = 1/(k s), ∂p̄/∂p_m = 1/M  → a (B, C) term shared by all members.
+        shared = grad_u * inv_ks / m  # (B, C)
         # Through-spread path: ∂u/∂s = −p̄/(k s²), ∂s/∂p_mc = (p_mc − p̄_c) / ((M−1) std_c).
+        coef = None
         if m > 1:
             grad_s = -grad_u * mean * inv_ks / s  # (B, C)
             safe_std = torch.where(std > 0, std, torch.ones_like(std))
             coef = torch.where(std > 0, grad_s / ((m - 1) * safe_std), torch.zeros_like(std))
-            grad_p = grad_p + (probs - mean.unsqueeze(1)) * coef.unsqueeze(1)
+            shared = shared - mean * coef
+
+        # Assemble ∂L/∂p with in-place ops on one (B, M, C) buffer:
+        #   Γ_c g_mc / Z_m − (r_m / Z_m) Γ_c + shared_c + coef_c p_mc
+        grad_p = grad_q * gate.unsqueeze(1)
+        grad_p.mul_(inv_z.unsqueeze(-1))
+        grad_p.baddbmm_((-r * inv_z).unsqueeze(-1), gate.unsqueeze(1))
+        grad_p.add_(shared.unsqueeze(1))
+        if coef is not None:
+            grad_p.addcmul_(probs, coef.unsqueeze(1))
 
         grad_k = None
         if ctx.needs_input_grad[1]:
