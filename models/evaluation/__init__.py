@@ -180,37 +180,62 @@ def _card_get(card: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def _forward_all(predictor: Any, images: Tensor, batch_size: int = 256) -> tuple[Tensor, Tensor | None]:
-    """Prepare uint8 images ``(N, C, H, W)`` with the predictor and stack its ensemble outputs."""
+def _forward_all(predictor: Any, x: Tensor, batch_size: int = 256) -> tuple[Tensor, Tensor | None]:
+    """Run the predictor on prepared inputs ``(N, Cin, H, W)`` in batches; stack ``p`` and ``q``."""
     ps, qs = [], []
-    for start in range(0, images.shape[0], batch_size):
-        chunk = images[start : start + batch_size]
-        x = torch.stack([predictor.prepare(img) for img in chunk])
-        out = predictor.forward(x)
+    for start in range(0, x.shape[0], batch_size):
+        out = predictor.forward(x[start : start + batch_size])
         ps.append(out.p.detach().cpu())
         if out.q is not None:
             qs.append(out.q.detach().cpu())
     return torch.cat(ps), (torch.cat(qs) if qs else None)
 
 
-def _load_split(card: Any, split: str) -> tuple[Tensor, np.ndarray, str]:
-    """uint8 images ``(N, C, H, W)``, labels, and a description of the bundled split."""
+def _prepare_all(predictor: Any, images: Tensor) -> Tensor:
+    """uint8 images ``(N, C, H, W)`` -> model inputs, through ``Predictor.prepare`` (the served path)."""
+    return torch.stack([predictor.prepare(img) for img in images])
+
+
+def _load_split(
+    predictor: Any, split: str, data_root: str | Path | None
+) -> tuple[Tensor, np.ndarray, str]:
+    """Prepared inputs ``(N, Cin, H, W)``, labels and a description of the evaluation split.
+
+    Models trained on the bundled MNIST subset (card ``dataset`` ``"mnist-bundled"`` or empty) are fed
+    the raw uint8 digits through ``Predictor.prepare``, exactly as the service would; other datasets
+    come from :func:`models.data.load_dataset` (already normalised; never downloads).
+    """
     from models import data
 
-    images, labels = data.load_split(split)
-    images = torch.as_tensor(np.asarray(images))
-    if images.ndim == 3:
-        images = images[:, None]
-    return images, np.asarray(labels), f"bundled MNIST {split} split"
+    name = str(_card_get(predictor.card, "dataset", default="") or "mnist-bundled")
+    if name == "mnist-bundled":
+        images, labels = data.load_bundled_mnist()
+        idx = data.bundled_split()[split]
+        x = _prepare_all(predictor, torch.from_numpy(images[idx]).unsqueeze(1))
+        return x, labels[idx], f"bundled MNIST, {split} split ({idx.size} digits)"
+    bundle = data.load_dataset(name, data_root=data_root, allow_download=False)
+    ds = bundle.test if split == "test" else bundle.val
+    xs, ys = zip(*(ds[i] for i in range(len(ds))), strict=True)
+    return (
+        torch.stack(xs),
+        np.asarray([int(v) for v in ys]),
+        f"{name}, {split} split ({len(ds)} images)",
+    )
 
 
-def run_evaluation(model_dir: str | Path, out_dir: str | Path, split: str = "test") -> dict[str, Any]:
+def run_evaluation(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    split: str = "test",
+    data_root: str | Path | None = None,
+) -> dict[str, Any]:
     """Evaluate a saved model on a data split and the natural-image OOD set; write the artefacts.
 
     Writes into ``out_dir``: ``metrics.json`` (the dict returned), ``report.md`` and PNG figures
     (reliability diagram, margin–variance geometry, risk–coverage, AUCc curves, OOD ROC, and — when
     the card has them — learned k per class and the deferral calibration curve). The abstain ``k`` is
-    the card's calibrated value when present, else 1.0.
+    the card's calibrated value when present, else 1.0. ``data_root`` is only used for torchvision
+    datasets (nothing is downloaded).
     """
     from models.evaluation import plots
     from models.evaluation.report import write_report
@@ -222,16 +247,17 @@ def run_evaluation(model_dir: str | Path, out_dir: str | Path, split: str = "tes
     predictor = Predictor.from_dir(model_dir)
     card = predictor.card
     calibration = _card_get(card, "abstain_calibration", "calibration")
+    abstain_k = _card_get(calibration, "abstain_k") if calibration else None
     abstain_k = float(
-        _card_get(calibration or {}, "abstain_k", default=None)
-        or _card_get(card, "abstain_k", default=1.0)
+        abstain_k if abstain_k is not None else _card_get(card, "abstain_k", default=1.0)
     )
 
-    images, labels, source = _load_split(card, split)
-    p, q = _forward_all(predictor, images)
-    channels, height, width = (int(v) for v in images.shape[1:])
-    ood_images = natural_image_patches(OOD_SAMPLES, channels=channels, size=(height, width))
-    p_ood, q_ood = _forward_all(predictor, ood_images)
+    x, labels, source = _load_split(predictor, split, data_root)
+    p, q = _forward_all(predictor, x)
+    channels = int(_card_get(card, "in_channels", default=x.shape[1]))
+    size = tuple(_card_get(card, "input_size", default=tuple(x.shape[2:])))
+    ood_images = natural_image_patches(OOD_SAMPLES, channels=channels, size=size)
+    p_ood, q_ood = _forward_all(predictor, _prepare_all(predictor, ood_images))
 
     ev = _evaluate(p, q, labels, p_ood, q_ood, abstain_k=abstain_k)
     metrics = dict(ev.metrics)

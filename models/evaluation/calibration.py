@@ -132,7 +132,9 @@ def calibrate_abstain_k(
     if mode == "deferral":
         best = int(np.argmin(np.abs(deferral - target)))  # first minimum = smallest k
     else:
-        best = int(np.flatnonzero(risk <= target + 1e-12)[0]) if (risk <= target + 1e-12).any() else -1
+        best = (
+            int(np.flatnonzero(risk <= target + 1e-12)[0]) if (risk <= target + 1e-12).any() else -1
+        )
         if best < 0:  # only possible with a user grid that cannot defer everything
             best = int(np.argmin(risk))
 

@@ -75,7 +75,9 @@ class ReliabilityBins:
     count: NDArray[np.int64]  # (n_bins,)
 
 
-def reliability_bins(probs: ArrayLike, labels: ArrayLike, n_bins: int = ECE_BINS) -> ReliabilityBins:
+def reliability_bins(
+    probs: ArrayLike, labels: ArrayLike, n_bins: int = ECE_BINS
+) -> ReliabilityBins:
     """Bin samples by confidence ``conf_i = max_c probs_ic`` into ``n_bins`` equal-width bins.
 
     Bin ``b`` (0-based) holds ``conf ∈ (b/n, (b+1)/n]``; bin 0 also holds ``conf = 0``. The index is
@@ -94,7 +96,9 @@ def reliability_bins(probs: ArrayLike, labels: ArrayLike, n_bins: int = ECE_BINS
     return ReliabilityBins(np.linspace(0.0, 1.0, n_bins + 1), mean_conf, mean_acc, count)
 
 
-def expected_calibration_error(probs: ArrayLike, labels: ArrayLike, n_bins: int = ECE_BINS) -> float:
+def expected_calibration_error(
+    probs: ArrayLike, labels: ArrayLike, n_bins: int = ECE_BINS
+) -> float:
     """ECE ``= Σ_b (|B_b|/N) · |acc(B_b) − conf(B_b)|`` over ``n_bins`` equal-width bins (default 15).
 
     See :func:`reliability_bins` for the binning; empty bins contribute 0.

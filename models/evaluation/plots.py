@@ -45,7 +45,9 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return path
 
 
-def reliability_diagram(bins: ReliabilityBins, path: str | Path, title: str = "Reliability") -> Path:
+def reliability_diagram(
+    bins: ReliabilityBins, path: str | Path, title: str = "Reliability"
+) -> Path:
     """Bars: accuracy per confidence bin; line: perfect calibration; lower panel: samples per bin."""
     fig = _figure(5.0, 5.0)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
@@ -53,20 +55,31 @@ def reliability_diagram(bins: ReliabilityBins, path: str | Path, title: str = "R
     centers = bins.edges[:-1] + width / 2
     nonempty = bins.count > 0
     top.bar(
-        centers[nonempty], bins.accuracy[nonempty], width=width[nonempty] * 0.95,
-        color="#4C72B0", edgecolor="black", linewidth=0.5, label="accuracy",
+        centers[nonempty],
+        bins.accuracy[nonempty],
+        width=width[nonempty] * 0.95,
+        color="#4C72B0",
+        edgecolor="black",
+        linewidth=0.5,
+        label="accuracy",
     )
     gap = bins.confidence[nonempty] - bins.accuracy[nonempty]
     top.bar(
-        centers[nonempty], gap, bottom=bins.accuracy[nonempty], width=width[nonempty] * 0.95,
-        color="#DD8452", alpha=0.5, label="gap to confidence",
+        centers[nonempty],
+        gap,
+        bottom=bins.accuracy[nonempty],
+        width=width[nonempty] * 0.95,
+        facecolor="none",
+        edgecolor="#C44E52",
+        hatch="//",
+        linewidth=0.8,
+        label="gap to confidence",
     )
     top.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfectly calibrated")
     top.set(ylabel="accuracy", xlim=(0, 1), ylim=(0, 1), title=title)
     top.legend(loc="upper left", fontsize=8)
     bottom.bar(centers, bins.count, width=width * 0.95, color="grey")
     bottom.set(xlabel="confidence (max probability)", ylabel="samples")
-    bottom.set_yscale("log")
     return _save(fig, path)
 
 
@@ -101,9 +114,20 @@ def margin_variance_geometry(
     fig.colorbar(sc, ax=ax, label="VGMU")
     if abstain_k is not None and abstain_k > 0:
         ys = np.linspace(0, max(float(spread.max()), 1e-6), 50)
-        ax.plot(np.minimum(abstain_k * ys, 1.0), ys, "r--", linewidth=1, label=f"abstain boundary k={abstain_k:g}")
+        ax.plot(
+            np.minimum(abstain_k * ys, 1.0),
+            ys,
+            "r--",
+            linewidth=1,
+            label=f"abstain boundary k={abstain_k:g}",
+        )
         ax.legend(loc="upper right", fontsize=8)
-    ax.set(xlabel=r"margin $\bar p_1 - \bar p_2$", ylabel=r"spread $s_1 + s_2$", xlim=(0, 1), title=title)
+    ax.set(
+        xlabel=r"margin $\bar p_1 - \bar p_2$",
+        ylabel=r"spread $s_1 + s_2$",
+        xlim=(0, 1),
+        title=title,
+    )
     return _save(fig, path)
 
 
@@ -118,8 +142,14 @@ def risk_coverage_plot(
     ax = fig.subplots()
     for name, rc in curves.items():
         label = f"{name} (AURC {aurc[name]:.4f})" if aurc and name in aurc else name
-        ax.plot(np.concatenate([[0.0], rc.coverage]), np.concatenate([[rc.risk[0]], rc.risk]), label=label)
-    ax.set(xlabel="coverage", ylabel="selective risk (error among accepted)", xlim=(0, 1), title=title)
+        ax.plot(
+            np.concatenate([[0.0], rc.coverage]),
+            np.concatenate([[rc.risk[0]], rc.risk]),
+            label=label,
+        )
+    ax.set(
+        xlabel="coverage", ylabel="selective risk (error among accepted)", xlim=(0, 1), title=title
+    )
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -141,13 +171,17 @@ def aucc_plot(
     ax.set(
         xlabel="fraction of samples (highest uncertainty first)",
         ylabel="cumulative share of uncertainty mass",
-        xlim=(0, 1), ylim=(0, 1), title=title,
+        xlim=(0, 1),
+        ylim=(0, 1),
+        title=title,
     )
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
-def learned_k_plot(k: Sequence[float], path: str | Path, class_names: Sequence[str] | None = None) -> Path:
+def learned_k_plot(
+    k: Sequence[float], path: str | Path, class_names: Sequence[str] | None = None
+) -> Path:
     """Bar chart of the learned per-class VGN sensitivity ``k`` (``k ≈ 0.693`` at initialisation)."""
     values = np.asarray(k, dtype=np.float64).ravel()
     names = list(class_names) if class_names is not None else [str(i) for i in range(values.size)]
@@ -171,9 +205,15 @@ def deferral_curve_plot(calibration: Mapping, path: str | Path) -> Path:
     ax = fig.subplots()
     ax.plot(ks, deferral, "o-", markersize=3, label="deferral rate")
     ax.plot(ks, risk, "s-", markersize=3, label="error among accepted")
-    ax.axvline(calibration["abstain_k"], color="r", linestyle="--", linewidth=1,
-               label=f"chosen k = {calibration['abstain_k']:.3g}")
+    ax.axvline(
+        calibration["abstain_k"],
+        color="r",
+        linestyle="--",
+        linewidth=1,
+        label=f"chosen k = {calibration['abstain_k']:.3g}",
+    )
     ax.set_xscale("symlog", linthresh=1e-2)
+    ax.set_xlim(left=0)
     ax.set(xlabel="abstain k", ylabel="rate", ylim=(0, 1), title="Deferral threshold calibration")
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -198,7 +238,12 @@ def ood_roc_plot(
         ax.plot(fpr, tpr, label=f"{name} (AUROC {ood_auroc(a, b):.3f})")
     ax.plot([0, 1], [0, 1], "k--", linewidth=1)
     ax.axhline(0.95, color="grey", linestyle=":", linewidth=1)
-    ax.set(xlabel="false-positive rate (ID flagged)", ylabel="true-positive rate (OOD flagged)",
-           xlim=(0, 1), ylim=(0, 1), title=title)
+    ax.set(
+        xlabel="false-positive rate (ID flagged)",
+        ylabel="true-positive rate (OOD flagged)",
+        xlim=(0, 1),
+        ylim=(0, 1),
+        title=title,
+    )
     ax.legend(fontsize=8)
     return _save(fig, path)

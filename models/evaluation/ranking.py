@@ -83,7 +83,10 @@ def rank_consistency(
     """
     ref = scores[reference]
     return {
-        name: {"spearman": spearman_rho(ref, scores[name]), "kendall": kendall_tau(ref, scores[name])}
+        name: {
+            "spearman": spearman_rho(ref, scores[name]),
+            "kendall": kendall_tau(ref, scores[name]),
+        }
         for name in others
         if name in scores
     }

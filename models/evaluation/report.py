@@ -29,7 +29,7 @@ def _fmt(v: Any, digits: int = 4) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        return f"{v:.{digits}f}"
+        return f"{v:.{digits}f}" if v == 0 or abs(v) >= 10 ** -(digits - 1) else f"{v:.3g}"
     return str(v)
 
 
@@ -136,7 +136,8 @@ def render_report(
         out += [
             "## Deferral threshold calibration",
             "",
-            f"Mode `{cal['mode']}`, target {cal['target']:g}: abstain k = {cal['abstain_k']:.4g}, "
+            f"Chosen on the validation split when the model was trained. Mode `{cal['mode']}`, "
+            f"target {cal['target']:g}: abstain k = {cal['abstain_k']:.4g}, "
             f"achieved deferral {_fmt(cal['achieved_deferral'])}, "
             f"error among accepted {_fmt(cal['achieved_risk'])}.",
             "",

@@ -78,7 +78,9 @@ def _per_k_risk(u: NDArray, e: NDArray) -> NDArray[np.float64]:
     _, counts, cum_err = _tie_groups(u, e)
     k = np.arange(1, u.size + 1, dtype=np.float64)
     # Piecewise-linear cumulative error count through (0, 0) and every group boundary.
-    expected_errors = np.interp(k, np.concatenate([[0.0], counts]), np.concatenate([[0.0], cum_err]))
+    expected_errors = np.interp(
+        k, np.concatenate([[0.0], counts]), np.concatenate([[0.0], cum_err])
+    )
     return expected_errors / k
 
 

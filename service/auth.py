@@ -1,0 +1,47 @@
+"""API-key check for training and model-admin endpoints.
+
+The key travels as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``, is compared with
+:func:`secrets.compare_digest` and is never logged. Missing key: 401; wrong key: 403. With no key
+configured (``VGE_API_KEY`` unset) the management endpoints are disabled (403).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.errors import Forbidden, Unauthorized
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    key = request.headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+async def require_api_key(request: Request) -> None:
+    """FastAPI dependency: pass only with the configured API key."""
+    configured = request.app.state.settings.api_key
+    presented = _presented_key(request)
+    if presented is None:
+        raise Unauthorized(
+            "missing API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if configured is None:
+        raise Forbidden(
+            "management endpoints are disabled: start the server with VGE_API_KEY / --api-key"
+        )
+    if not secrets.compare_digest(
+        presented.encode("utf-8"), configured.get_secret_value().encode("utf-8")
+    ):
+        raise Forbidden("wrong API key")
+
+
+ApiKey = Annotated[None, Depends(require_api_key)]

@@ -1,0 +1,318 @@
+"""Dynamic batcher: gathers concurrent requests into one forward pass.
+
+Requests (each one or more prepared images) wait in a bounded queue. The batch loop takes the
+oldest request and waits up to ``max_delay_s`` for more, until ``max_batch_size`` images are
+gathered, then runs the forward pass and each request's scoring in a single worker thread, so the
+event loop never computes. While one batch computes, the next one fills.
+
+Guarantees:
+
+* bounded queue: a request that does not fit is refused at once with 503 + ``Retry-After``;
+* deadlines: a request whose deadline passes while queued is dropped before compute (504);
+  one already computing is answered when its batch finishes;
+* a batch holds requests for one predictor only, so after a hot swap, requests admitted for the
+  old model finish on it;
+* every accepted request gets exactly one answer, including on shutdown (:meth:`drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from service.errors import DeadlineExceeded, QueueFull
+from service.metrics import Metrics
+
+log = logging.getLogger("vge.batcher")
+
+
+class _State(enum.Enum):
+    QUEUED = "queued"
+    TAKEN = "taken"
+    DROPPED = "dropped"
+
+
+@dataclasses.dataclass(eq=False)
+class _Unit:
+    """One request in the queue."""
+
+    predictor: Any
+    model: str
+    x: torch.Tensor
+    post: Callable[[Any], Any]
+    deadline: float
+    enqueued: float
+    future: asyncio.Future[Any]
+    state: _State = _State.QUEUED
+
+    @property
+    def rows(self) -> int:
+        return int(self.x.shape[0])
+
+
+def _rebuild(out: Any, p: torch.Tensor, q: torch.Tensor | None) -> Any:
+    """A copy of the EnsembleOutput ``out`` with fields ``p`` and ``q`` replaced."""
+    if hasattr(out, "_replace"):
+        return out._replace(p=p, q=q)
+    return dataclasses.replace(out, p=p, q=q)
+
+
+def slice_output(out: Any, i: int, j: int) -> Any:
+    """Rows ``i:j`` of an EnsembleOutput."""
+    return _rebuild(out, out.p[i:j], None if out.q is None else out.q[i:j])
+
+
+def _concat_outputs(outs: list[Any]) -> Any:
+    if len(outs) == 1:
+        return outs[0]
+    p = torch.cat([o.p for o in outs])
+    q = None if outs[0].q is None else torch.cat([o.q for o in outs])
+    return _rebuild(outs[0], p, q)
+
+
+class Batcher:
+    """The dynamic batcher; create inside a running event loop, then :meth:`start`."""
+
+    def __init__(
+        self,
+        *,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_queue_length: int,
+        metrics: Metrics,
+    ) -> None:
+        self.max_batch_size = max_batch_size
+        self.max_delay_s = max_delay_s
+        self.max_queue_length = max_queue_length
+        self.metrics = metrics
+        self._pending: deque[_Unit] = deque()
+        self._rows = 0
+        self._wakeup = asyncio.Event()
+        self._admitting = True
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vge-compute")
+        self._batch_s = 0.01  # running estimate of one batch's compute time (for Retry-After)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the batch loop on the running event loop."""
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="vge-batcher")
+
+    @property
+    def admitting(self) -> bool:
+        """False once shutdown began."""
+        return self._admitting
+
+    @property
+    def queued_rows(self) -> int:
+        """Images waiting in the queue."""
+        return self._rows
+
+    def stop_admitting(self) -> None:
+        """Refuse new requests (503) from now on; queued ones still run."""
+        self._admitting = False
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting, flush the queue without waiting for more, and stop the loop.
+
+        Requests still queued after ``timeout_s`` are answered 503, so none is left unanswered.
+        """
+        self._admitting = False
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+            except TimeoutError:
+                log.error("drain timed out after %.1fs; refusing %d queued", timeout_s, self._rows)
+                self._task.cancel()
+        while self._pending:
+            unit = self._pending.popleft()
+            if unit.state is _State.QUEUED and not unit.future.done():
+                unit.state = _State.DROPPED
+                unit.future.set_exception(
+                    QueueFull(
+                        "the server shut down before this request ran; retry",
+                        headers={"Retry-After": "1"},
+                    )  # fmt: skip
+                )
+        self._rows = 0
+        self._executor.shutdown(wait=False)
+
+    # ------------------------------------------------------------------ admission
+    def _retry_after(self) -> str:
+        batches_ahead = math.ceil((self._rows + 1) / self.max_batch_size)
+        return str(max(1, math.ceil(batches_ahead * self._batch_s)))
+
+    async def submit(
+        self,
+        predictor: Any,
+        model: str,
+        x: torch.Tensor,
+        post: Callable[[Any], Any],
+        timeout_s: float,
+    ) -> Any:
+        """Queue ``x`` (N, ...) for ``predictor``; return ``post(EnsembleOutput rows)``.
+
+        ``post`` runs in the compute thread right after the forward pass (scoring).
+        Raises :class:`QueueFull` (503) or :class:`DeadlineExceeded` (504).
+        """
+        if not self._admitting:
+            raise QueueFull(
+                "the server is shutting down and admits no new requests; retry on another "
+                "replica", headers={"Retry-After": "1"},
+            )  # fmt: skip
+        n = int(x.shape[0])
+        if self._rows + n > self.max_queue_length:
+            raise QueueFull(
+                f"the queue is full ({self._rows} of {self.max_queue_length} images waiting); "
+                "retry after the Retry-After seconds",
+                headers={"Retry-After": self._retry_after()},
+            )
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        unit = _Unit(predictor, model, x, post, now + timeout_s, now, loop.create_future())
+        self._pending.append(unit)
+        self._rows += n
+        self.metrics.queue_depth.labels(model=model).set(self._rows)
+        self._wakeup.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(unit.future), timeout_s)
+        except TimeoutError:
+            if unit.state is _State.TAKEN:  # already computing: answer when it is done
+                return await unit.future
+            self._remove(unit)
+            raise DeadlineExceeded(
+                f"the request's deadline of {timeout_s:g}s passed while it was queued; it was not "
+                "computed (raise timeout_s or retry)"
+            ) from None
+        except asyncio.CancelledError:  # client went away
+            if unit.state is _State.QUEUED:
+                self._remove(unit)
+            raise
+
+    def _remove(self, unit: _Unit) -> None:
+        if unit.state is _State.QUEUED:
+            unit.state = _State.DROPPED
+            with contextlib.suppress(ValueError):
+                self._pending.remove(unit)
+            self._rows -= unit.rows
+            self.metrics.queue_depth.labels(model=unit.model).set(self._rows)
+            self._wakeup.set()
+
+    # ------------------------------------------------------------------ batch loop
+    def _rows_for(self, predictor: Any) -> int:
+        return sum(u.rows for u in self._pending if u.predictor is predictor)
+
+    def _take(self, predictor: Any) -> list[_Unit]:
+        """Remove and return up to ``max_batch_size`` rows of ``predictor``'s requests, in order."""
+        now = time.monotonic()
+        batch: list[_Unit] = []
+        rows = 0
+        for unit in list(self._pending):
+            if unit.deadline <= now:  # expired while queued: never computed
+                self._remove(unit)
+                if not unit.future.done():
+                    unit.future.set_exception(
+                        DeadlineExceeded("the request's deadline passed while it was queued")
+                    )
+                continue
+            if unit.predictor is not predictor:
+                continue
+            if batch and rows + unit.rows > self.max_batch_size:
+                break
+            self._pending.remove(unit)
+            unit.state = _State.TAKEN
+            batch.append(unit)
+            rows += unit.rows
+            self._rows -= unit.rows
+            self.metrics.queue_wait.labels(model=unit.model).observe(now - unit.enqueued)
+            if rows >= self.max_batch_size:
+                break
+        if batch:
+            self.metrics.queue_depth.labels(model=batch[0].model).set(self._rows)
+        return batch
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            first = self._pending[0]
+            flush_at = first.enqueued + self.max_delay_s
+            while (
+                not self._closing
+                and first.state is _State.QUEUED
+                and self._rows_for(first.predictor) < self.max_batch_size
+            ):
+                remaining = flush_at - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+            if first.state is not _State.QUEUED:
+                continue
+            batch = self._take(first.predictor)
+            if batch:
+                await self._run(batch)
+
+    def _compute(self, batch: list[_Unit]) -> list[tuple[bool, Any]]:
+        """Worker thread: one forward pass (chunked at max_batch_size), then each unit's post."""
+        predictor = batch[0].predictor
+        x = batch[0].x if len(batch) == 1 else torch.cat([u.x for u in batch])
+        outs = [
+            predictor.forward(x[i : i + self.max_batch_size])
+            for i in range(0, x.shape[0], self.max_batch_size)
+        ]
+        out = _concat_outputs(outs)
+        results: list[tuple[bool, Any]] = []
+        start = 0
+        for unit in batch:
+            part = slice_output(out, start, start + unit.rows)
+            start += unit.rows
+            try:
+                results.append((True, unit.post(part)))
+            except Exception as exc:  # noqa: BLE001 - delivered to that request only
+                results.append((False, exc))
+        return results
+
+    async def _run(self, batch: list[_Unit]) -> None:
+        model = batch[0].model
+        rows = sum(u.rows for u in batch)
+        t0 = time.perf_counter()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._compute, batch
+            )
+        except Exception as exc:  # forward failed: a server fault, every unit gets it
+            log.exception("forward pass failed for a batch of %d", rows)
+            results = [(False, exc)] * len(batch)
+        elapsed = time.perf_counter() - t0
+        self._batch_s = 0.8 * self._batch_s + 0.2 * elapsed
+        self.metrics.compute.labels(model=model).observe(elapsed)
+        self.metrics.batch_size.labels(model=model).observe(rows)
+        for unit, (ok, value) in zip(batch, results, strict=True):
+            if unit.future.done():
+                continue
+            if ok:
+                unit.future.set_result(value)
+            else:
+                unit.future.set_exception(value)

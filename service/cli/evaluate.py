@@ -1,0 +1,74 @@
+"""`vge evaluate MODEL_DIR`: evaluate a saved model; write metrics.json, PNG plots and report.md."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from service.cli import CliError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="evaluate a saved model (metrics, selective prediction, OOD, plots, report)",
+        description="Run a saved model on a split of its dataset (bundled MNIST: the fixed test or "
+        "validation split) and on an offline natural-image OOD set; write metrics.json, PNG plots "
+        "and report.md.",
+    )
+    p.add_argument(
+        "model_dir",
+        type=Path,
+        help="directory with model.safetensors and model_card.json ('default': the shipped model)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: ./eval-<MODEL_DIR name>-<SPLIT>)",
+    )
+    p.add_argument(
+        "--split", choices=("test", "val"), default="test", help="data split (default: test)"
+    )
+    p.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="root of torchvision datasets (never downloads)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from models.evaluation import run_evaluation
+
+    model_dir: Path = args.model_dir
+    if str(model_dir) == "default" and not model_dir.exists():
+        from models.zoo import default_model_dir
+
+        model_dir = default_model_dir()
+    if not model_dir.is_dir():
+        raise CliError(f"{model_dir}: no such model directory")
+    # Default output goes to the working directory: model directories may be read-only package data.
+    out = args.out if args.out is not None else Path(f"eval-{model_dir.name}-{args.split}")
+    if out.exists() and not out.is_dir():
+        raise CliError(f"{out}: exists and is not a directory")
+    try:
+        metrics = run_evaluation(model_dir, out, split=args.split, data_root=args.data_root)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:  # CheckpointError is a ValueError
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CliError(f"{model_dir}: {message}") from None
+    except OSError as exc:
+        raise CliError(f"{out}: cannot write results ({exc.strerror or exc})") from None
+    cls = metrics["classification"]
+    ood = metrics.get("ood") or {}
+    vgmu_ood = (ood.get("scores") or {}).get("vgmu", {})
+    print(
+        f"{metrics['model']['name']} on {metrics['data']}: accuracy {cls['accuracy']:.4f}, "
+        f"ECE {cls['ece']:.4f}, AURC(VGMU) {metrics['selective']['vgmu']['aurc']:.4f}, "
+        f"OOD AUROC(VGMU) {vgmu_ood.get('auroc', float('nan')):.4f}",
+        file=sys.stdout,
+    )
+    print(f"wrote {out / 'metrics.json'}, {out / 'report.md'} and {len(metrics['plots'])} plots")
+    return 0

@@ -1,0 +1,82 @@
+"""``vge serve``: start the HTTP service. Flags override ``VGE_*`` environment variables."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+_FLAGS: list[tuple[str, type, str]] = [
+    ("host", str, "interface to bind (VGE_HOST; default 127.0.0.1)"),
+    ("port", int, "TCP port (VGE_PORT; default 8000)"),
+    ("model_dir", Path, "model directory to serve (VGE_MODEL_DIR; default: shipped model)"),
+    ("models_root", Path, "where trained models land / promote looks (VGE_MODELS_ROOT)"),
+    ("device", str, "auto, cpu, cuda, cuda:N, mps (VGE_DEVICE; default auto)"),
+    ("max_batch_size", int, "images per forward pass (VGE_MAX_BATCH_SIZE; default 32)"),
+    ("max_queue_delay_ms", float, "max wait to fill a batch (VGE_MAX_QUEUE_DELAY_MS; default 5)"),
+    ("max_queue_length", int, "queued images before 503 (VGE_MAX_QUEUE_LENGTH; default 512)"),
+    ("request_timeout_s", float, "default per-request deadline (VGE_REQUEST_TIMEOUT_S; 10)"),
+    ("abstain_k", float, "default abstain_k (VGE_ABSTAIN_K; default: model's calibrated)"),
+    ("api_key", str, "key for training/admin endpoints (VGE_API_KEY; prefer the env var)"),
+    ("max_payload_bytes", int, "request body limit (VGE_MAX_PAYLOAD_BYTES)"),
+    ("max_image_bytes", int, "encoded image limit (VGE_MAX_IMAGE_BYTES)"),
+    ("max_image_pixels", int, "decoded image pixel limit (VGE_MAX_IMAGE_PIXELS)"),
+    ("max_images", int, "images per request (VGE_MAX_IMAGES; default 64)"),
+    ("decode_workers", int, "image decoding threads (VGE_DECODE_WORKERS; default 4)"),
+    ("torch_threads", int, "torch intra-op threads, 0 = default (VGE_TORCH_THREADS)"),
+    ("jobs_db_url", str, "job store, sqlite:///path (VGE_JOBS_DB_URL)"),
+    ("jobs_dir", Path, "job logs (VGE_JOBS_DIR)"),
+    ("data_root", Path, "dataset root for training jobs (VGE_DATA_ROOT)"),
+    ("max_concurrent_jobs", int, "training jobs run at once (VGE_MAX_CONCURRENT_JOBS; 1)"),
+    ("shutdown_grace_s", float, "graceful drain limit on SIGTERM (VGE_SHUTDOWN_GRACE_S; 30)"),
+    ("log_level", str, "debug, info, warning, error (VGE_LOG_LEVEL)"),
+]
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``vge serve`` to the ``vge`` command's subparsers."""
+    p = subparsers.add_parser(
+        "serve",
+        help="start the HTTP prediction service",
+        description="Serve a VGE model over HTTP (FastAPI on uvicorn) with dynamic batching. "
+        "Every flag also reads from the VGE_<NAME> environment variable; flags win.",
+    )
+    for name, typ, help_text in _FLAGS:
+        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
+                       help=help_text)  # fmt: skip
+    p.set_defaults(func=run, handler=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build settings (env + flags), then serve until SIGTERM."""
+    from service.settings import Settings
+
+    overrides = {n: getattr(args, n) for n, _, _ in _FLAGS if getattr(args, n, None) is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            print(f"vge serve: invalid setting {loc or ''}: {err['msg']}".replace("  ", " "),
+                  file=sys.stderr)  # fmt: skip
+        return 2
+    from service.server import run as serve
+
+    serve(settings)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry point (``python -m service.cli.serve``)."""
+    parser = argparse.ArgumentParser(prog="vge")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", *(argv if argv is not None else sys.argv[1:])])
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

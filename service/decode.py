@@ -1,0 +1,174 @@
+"""Image payloads → model input, off the event loop.
+
+Reads images from multipart files or JSON base64, enforces the size caps, decodes with
+:func:`torchvision.io.decode_image` (PNG, JPEG, GIF, WebP, ... whatever torchvision reads) in a
+thread pool, and converts each to the model's input with ``Predictor.prepare``. Every failure is a
+4xx naming the image and the problem.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import re
+import struct
+from concurrent.futures import Executor
+from typing import Any
+
+import torch
+from starlette.datastructures import UploadFile
+from torchvision.io import ImageReadMode, decode_image
+
+from service.errors import BadInput, PayloadTooLarge
+from service.settings import Settings
+
+
+def _header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) read from a PNG, GIF or JPEG header without decoding, else None."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        w, h = struct.unpack(">II", data[16:24])
+        return w, h
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        w, h = struct.unpack("<HH", data[6:10])
+        return w, h
+    if data[:2] == b"\xff\xd8":
+        i = 2
+        while i + 9 < len(data):
+            if data[i] != 0xFF:
+                i += 1
+                continue
+            marker = data[i + 1]
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                h, w = struct.unpack(">HH", data[i + 5 : i + 9])
+                return w, h
+            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+                i += 2
+                continue
+            (seg_len,) = struct.unpack(">H", data[i + 2 : i + 4])
+            i += 2 + seg_len
+    return None
+
+
+def check_image_bytes(data: bytes, index: int, settings: Settings) -> None:
+    """Size caps on one encoded image (raises 413 / 400)."""
+    if not data:
+        raise BadInput(f"image {index} is empty")
+    if len(data) > settings.max_image_bytes:
+        raise PayloadTooLarge(
+            f"image {index} is {len(data)} bytes, over the limit of {settings.max_image_bytes} "
+            "bytes (VGE_MAX_IMAGE_BYTES)"
+        )
+    size = _header_size(data)
+    if size is not None and size[0] * size[1] > settings.max_image_pixels:
+        raise PayloadTooLarge(
+            f"image {index} is {size[0]}x{size[1]} pixels, over the limit of "
+            f"{settings.max_image_pixels} pixels (VGE_MAX_IMAGE_PIXELS)"
+        )
+
+
+def _clean(exc: Exception) -> str:
+    """torchvision's message without its C++ source location."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return re.sub(r"^.*?\.(cpp|h):\d+,\s*", "", text)[:200]
+
+
+def decode_one(data: bytes, index: int, settings: Settings) -> torch.Tensor:
+    """Decode one encoded image to a uint8 (C, H, W) tensor, or raise a 4xx naming the problem."""
+    check_image_bytes(data, index, settings)
+    try:
+        img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                           mode=ImageReadMode.UNCHANGED)  # fmt: skip
+    except (RuntimeError, ValueError) as exc:
+        raise BadInput(
+            f"image {index} could not be decoded (not an image, or corrupt/truncated): "
+            f"{_clean(exc)}"
+        ) from None
+    if img.ndim == 4:  # animated GIF: first frame
+        img = img[0]
+    if img.shape[-1] * img.shape[-2] > settings.max_image_pixels:
+        raise PayloadTooLarge(
+            f"image {index} is {img.shape[-1]}x{img.shape[-2]} pixels, over the limit of "
+            f"{settings.max_image_pixels} pixels (VGE_MAX_IMAGE_PIXELS)"
+        )
+    if img.dtype != torch.uint8:  # 16-bit PNG
+        from torchvision.transforms.v2.functional import to_dtype
+
+        img = to_dtype(img, torch.uint8, scale=True)
+    return img
+
+
+def prepare_one(predictor: Any, img: torch.Tensor, index: int) -> torch.Tensor:
+    """``predictor.prepare`` with its ValueErrors (e.g. unsupported channels) turned into 400s."""
+    try:
+        return predictor.prepare(img)
+    except ValueError as exc:
+        raise BadInput(f"image {index} cannot be converted to the model's input: {exc}") from None
+
+
+def _decode_and_prepare(
+    data: bytes, index: int, predictor: Any, settings: Settings
+) -> torch.Tensor:
+    return prepare_one(predictor, decode_one(data, index, settings), index)
+
+
+async def images_to_batch(
+    blobs: list[bytes], predictor: Any, settings: Settings, executor: Executor
+) -> torch.Tensor:
+    """Decode and prepare ``blobs`` concurrently in ``executor``; returns (N, Cin, H', W')."""
+    loop = asyncio.get_running_loop()
+    tensors = await asyncio.gather(
+        *(
+            loop.run_in_executor(executor, _decode_and_prepare, b, i, predictor, settings)
+            for i, b in enumerate(blobs)
+        )
+    )
+    try:
+        return torch.stack(tensors)
+    except RuntimeError as exc:  # a model whose prepare() does not fix the size
+        raise BadInput(f"images have different sizes after preparation: {exc}") from None
+
+
+def check_count(n: int, settings: Settings) -> None:
+    """No images → 400; more than ``max_images`` → 413."""
+    if n == 0:
+        raise BadInput('no images: send multipart files or JSON {"images": ["<base64>", ...]}')
+    if n > settings.max_images:
+        raise PayloadTooLarge(
+            f"too many images: {n} in one request, the limit is {settings.max_images} "
+            "(VGE_MAX_IMAGES); split the request"
+        )
+
+
+def b64_images(items: list[str], settings: Settings) -> list[bytes]:
+    """Decode base64 strings (optionally ``data:image/...;base64,`` URLs) to bytes."""
+    check_count(len(items), settings)
+    out = []
+    for i, s in enumerate(items):
+        if s.startswith("data:"):
+            _, _, s = s.partition(",")
+        if len(s) > settings.max_image_bytes * 4 // 3 + 8:
+            raise PayloadTooLarge(
+                f"image {i} is over the limit of {settings.max_image_bytes} bytes "
+                "(VGE_MAX_IMAGE_BYTES)"
+            )
+        try:
+            out.append(base64.b64decode(s, validate=True))
+        except (binascii.Error, ValueError):
+            raise BadInput(f"images[{i}] is not valid base64") from None
+    return out
+
+
+async def multipart_images(files: list[UploadFile], settings: Settings) -> list[bytes]:
+    """Read uploaded files in order, refusing any over ``max_image_bytes``."""
+    check_count(len(files), settings)
+    out = []
+    for i, f in enumerate(files):
+        data = await f.read(settings.max_image_bytes + 1)
+        if len(data) > settings.max_image_bytes:
+            raise PayloadTooLarge(
+                f"image {i} ({f.filename!r}) is over the limit of {settings.max_image_bytes} bytes "
+                "(VGE_MAX_IMAGE_BYTES)"
+            )
+        out.append(data)
+    return out

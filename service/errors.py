@@ -1,0 +1,162 @@
+"""Errors as JSON: every client mistake becomes a 4xx ``{"error": "...", "code": "..."}``.
+
+Routes raise :class:`ServiceError` subclasses; the handlers registered by
+:func:`install_error_handlers` turn them (and FastAPI's validation errors) into JSON responses and
+count rejections by reason. Only a genuine server fault is a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("vge.service")
+
+
+class ServiceError(Exception):
+    """An error with an HTTP status, a stable machine code and a human message naming the problem."""
+
+    status_code: int = 400
+    code: str = "bad_input"
+    #: the ``vge_rejections_total`` reason, or None when this error is not counted as a rejection
+    reason: str | None = "bad_input"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadInput(ServiceError):
+    """A malformed request: not an image, truncated data, wrong tensor shape, ..."""
+
+
+class InvalidValue(ServiceError):
+    """A well-formed request with a value out of range (422)."""
+
+    status_code = 422
+    code = "invalid_value"
+
+
+class PayloadTooLarge(ServiceError):
+    """Body, image or image count over a configured limit (413)."""
+
+    status_code = 413
+    code = "payload_too_large"
+    reason = "payload_too_large"
+
+
+class NotFound(ServiceError):
+    """Unknown model, job or resource (404)."""
+
+    status_code = 404
+    code = "not_found"
+    reason = None
+
+
+class Conflict(ServiceError):
+    """The request conflicts with the resource's state, e.g. cancelling a finished job (409)."""
+
+    status_code = 409
+    code = "conflict"
+    reason = None
+
+
+class Unauthorized(ServiceError):
+    """Missing API key (401)."""
+
+    status_code = 401
+    code = "unauthorized"
+    reason = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    """Wrong API key, or management endpoints disabled (403)."""
+
+    status_code = 403
+    code = "forbidden"
+    reason = "unauthorized"
+
+
+class QueueFull(ServiceError):
+    """The batcher's queue is full or the server is draining: retry later (503 + Retry-After)."""
+
+    status_code = 503
+    code = "queue_full"
+    reason = "queue_full"
+
+
+class DeadlineExceeded(ServiceError):
+    """The request's deadline passed while it waited in the queue; it was never computed (504)."""
+
+    status_code = 504
+    code = "deadline_exceeded"
+    reason = "deadline"
+
+
+class NotReady(ServiceError):
+    """No model is loaded yet, or the service is shutting down (503)."""
+
+    status_code = 503
+    code = "not_ready"
+    reason = None
+
+
+def error_body(message: str, code: str, **extra: Any) -> dict[str, Any]:
+    """The JSON error shape shared by /v1 and /v2 (``error`` is the V2 protocol's field)."""
+    return {"error": message, "code": code, **extra}
+
+
+def _count(request: Request, reason: str | None) -> None:
+    metrics = getattr(request.app.state, "metrics", None)
+    if reason and metrics is not None:
+        metrics.rejections.labels(reason=reason).inc()
+
+
+def _format_validation(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
+        parts.append(f"{loc or 'request'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the JSON error handlers on ``app``."""
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        _count(request, exc.reason)
+        return JSONResponse(
+            error_body(exc.message, exc.code), status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        _count(request, "bad_input")
+        details = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+            for e in exc.errors()
+        ]
+        return JSONResponse(
+            error_body(_format_validation(exc), "invalid_value", details=details), status_code=422
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(
+            error_body(str(exc.detail), code),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("internal server error", "internal"), status_code=500)

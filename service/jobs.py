@@ -1,0 +1,430 @@
+"""Training jobs: run ``models.training.train`` in a separate (spawned) process; persist in SQLite.
+
+* :class:`JobStore` — job records and progress events in SQLite (stdlib ``sqlite3``), so a restart
+  loses no history. Jobs that were queued or running when the server died are marked
+  ``interrupted`` at the next start.
+* :class:`JobManager` — validates configs, queues jobs, runs up to ``max_concurrent_jobs`` at once,
+  each in its own process (``multiprocessing`` spawn context, lowered CPU priority) so serving
+  latency is not hurt; relays progress events; cancels cooperatively (``should_stop``), then by
+  terminating the process after a grace period. A finished job's model lands in
+  ``models_root/<job id>`` and can be promoted.
+
+States: ``queued`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled`` | ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import queue
+import sqlite3
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.errors import Conflict, InvalidValue, NotFound
+from service.metrics import JOB_STATES, Metrics
+from service.settings import Settings
+
+log = logging.getLogger("vge.jobs")
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
+CANCEL_GRACE_S = 10.0
+MAX_STORED_EVENTS = 5000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    config TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    model_dir TEXT,
+    error TEXT,
+    progress TEXT,
+    metrics TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS job_events (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+"""
+
+
+class JobStore:
+    """SQLite persistence for job records and their progress events (thread-safe)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def create(self, job_id: str, config: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO jobs (id, state, config, created_at) VALUES (?, 'queued', ?, ?)",
+                (job_id, json.dumps(config), time.time()),
+            )
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        for key in ("progress", "metrics"):
+            if key in fields and not isinstance(fields[key], str | None):
+                fields[key] = json.dumps(fields[key])
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        with self._lock:
+            self._db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+
+    def add_event(self, job_id: str, event: dict[str, Any]) -> None:
+        with self._lock:
+            (n,) = self._db.execute(
+                "SELECT COUNT(*) FROM job_events WHERE job_id = ?", (job_id,)
+            ).fetchone()
+            if n < MAX_STORED_EVENTS or event.get("type") != "step":
+                self._db.execute(
+                    "INSERT INTO job_events (job_id, seq, ts, event) VALUES (?, ?, ?, ?)",
+                    (job_id, n, time.time(), json.dumps(event)),
+                )
+            self._db.execute("UPDATE jobs SET progress = ? WHERE id = ?",
+                             (json.dumps(event), job_id))  # fmt: skip
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return _row(row) if row else None
+
+    def list(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)
+            ).fetchall()
+        return [_row(r) for r in rows]
+
+    def events(self, job_id: str, limit: int = 200) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT ts, event FROM job_events WHERE job_id = ? ORDER BY seq DESC LIMIT ?",
+                (job_id, limit),
+            ).fetchall()
+        return [{"ts": r["ts"], **json.loads(r["event"])} for r in reversed(rows)]
+
+    def in_state(self, *states: str) -> list[dict[str, Any]]:
+        marks = ",".join("?" * len(states))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at", states
+            ).fetchall()
+        return [_row(r) for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        return {r[0]: r[1] for r in rows}
+
+
+def _row(row: sqlite3.Row) -> dict[str, Any]:
+    d = dict(row)
+    for key in ("config", "progress", "metrics"):
+        d[key] = json.loads(d[key]) if d[key] else None
+    d["cancel_requested"] = bool(d["cancel_requested"])
+    return d
+
+
+def _child_main(
+    job_id: str,
+    config_json: str,
+    out_dir: str,
+    log_path: str,
+    events: Any,
+    stop: Any,
+) -> None:
+    """Entry point of the spawned training process."""
+    import contextlib
+    import os
+    import sys
+
+    with contextlib.suppress(OSError):
+        os.nice(10)  # training yields the CPU to serving
+    parent = os.getppid()
+
+    def _watch_parent() -> None:  # never outlive the server (e.g. after SIGKILL)
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=_watch_parent, daemon=True).start()
+    log_file = open(log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    sys.stdout = sys.stderr = log_file
+    logging.basicConfig(level=logging.INFO, stream=log_file,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    try:
+        from models.training import TrainConfig, train
+
+        config = TrainConfig.model_validate_json(config_json)
+        print(f"job {job_id}: training {config_json}", flush=True)
+
+        def on_event(event: dict[str, Any]) -> None:
+            events.put(json.loads(json.dumps(event, default=str)))
+            print(json.dumps(event, default=str), flush=True)
+
+        path = train(config, Path(out_dir), on_event=on_event, should_stop=stop.is_set)
+        events.put({"type": "_result", "model_dir": str(path), "stopped": stop.is_set()})
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit non-zero
+        traceback.print_exc(file=log_file)
+        events.put({"type": "_error", "error": f"{type(exc).__name__}: {exc}"})
+        log_file.flush()
+        raise SystemExit(1) from None
+    finally:
+        log_file.flush()
+
+
+@dataclass
+class _Running:
+    process: Any
+    stop: Any
+    events: Any
+    thread: threading.Thread
+
+
+class JobManager:
+    """Queues, runs, cancels and records training jobs."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.store = JobStore(settings.jobs_db_path)
+        self._ctx = mp.get_context("spawn")
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+        self.on_finished: list[Any] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Mark jobs left queued/running by a previous process as interrupted."""
+        for job in self.store.in_state("queued", "running"):
+            self.store.update(
+                job["id"], state="interrupted", finished_at=time.time(),
+                error="the server stopped while this job was queued or running",
+            )  # fmt: skip
+            log.warning("job %s marked interrupted (server restarted)", job["id"])
+        self.settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.settings.models_root.mkdir(parents=True, exist_ok=True)
+        self._refresh_gauge()
+
+    def shutdown(self, timeout_s: float = CANCEL_GRACE_S) -> None:
+        """Stop running jobs (cooperatively, then by force) and mark them interrupted."""
+        with self._lock:
+            self._closed = True
+            running = dict(self._running)
+        for r in running.values():
+            r.stop.set()
+        deadline = time.monotonic() + timeout_s
+        for r in running.values():
+            r.process.join(max(0.0, deadline - time.monotonic()))
+            if r.process.is_alive():
+                r.process.terminate()
+                r.process.join(5)
+        for r in running.values():
+            r.thread.join(5)
+        for job in self.store.in_state("queued", "running"):
+            self.store.update(job["id"], state="interrupted", finished_at=time.time(),
+                              error="the server shut down while this job was queued or running")  # fmt: skip
+        self._refresh_gauge()
+        self.store.close()
+
+    # ------------------------------------------------------------------ API
+    def submit(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``config`` against ``TrainConfig``, record it queued, start it when possible."""
+        from pydantic import ValidationError
+
+        from models.training import TrainConfig
+
+        config = self._place_data(dict(config))
+        try:
+            cfg = TrainConfig.model_validate(config)
+        except ValidationError as exc:
+            msgs = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise InvalidValue(f"invalid training config: {msgs}") from None
+        job_id = f"job-{uuid.uuid4().hex[:12]}"
+        self.store.create(job_id, cfg.model_dump(mode="json"))
+        log.info("job %s queued", job_id)
+        self._refresh_gauge()
+        self._launch_queued()
+        return self.get(job_id)
+
+    def _place_data(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Datasets live under ``data_root``: set it, and confine ImageFolder paths to it."""
+        if config.get("data_root") is not None:
+            raise InvalidValue(
+                "data_root is set by the server (VGE_DATA_ROOT); leave it out and give ImageFolder "
+                "paths relative to it, e.g. dataset: imagefolder:my-images"
+            )
+        root = self.settings.data_root.resolve()
+        config["data_root"] = str(root)
+        dataset = config.get("dataset")
+        if isinstance(dataset, str) and dataset.startswith("imagefolder:"):
+            rel = dataset.split(":", 1)[1]
+            path = (root / rel).resolve()
+            if path != root and root not in path.parents:
+                raise InvalidValue(
+                    f"dataset path {rel!r} is outside the data root {str(root)!r} "
+                    "(VGE_DATA_ROOT); put the ImageFolder under it"
+                )
+            if not path.is_dir():
+                raise InvalidValue(f"dataset path {rel!r} is not a directory under {str(root)!r}")
+            config["dataset"] = f"imagefolder:{path}"
+        return config
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        job = self.store.get(job_id)
+        if job is None:
+            raise NotFound(f"unknown training job {job_id!r}")
+        job["events"] = self.store.events(job_id)
+        return job
+
+    def list(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self.store.list(limit)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued or running job (running: cooperative stop, forced after a grace)."""
+        with self._lock:
+            job = self.store.get(job_id)
+            if job is None:
+                raise NotFound(f"unknown training job {job_id!r}")
+            if job["state"] in TERMINAL:
+                raise Conflict(f"job {job_id} is already {job['state']}; nothing to cancel")
+            self.store.update(job_id, cancel_requested=1)
+            if job["state"] == "queued":
+                self.store.update(job_id, state="cancelled", finished_at=time.time())
+            elif job_id in self._running:
+                r = self._running[job_id]
+                r.stop.set()
+                threading.Thread(target=self._force_stop, args=(r,), daemon=True).start()
+        self._refresh_gauge()
+        return self.get(job_id)
+
+    def logs(self, job_id: str, tail: int = 200) -> str:
+        if self.store.get(job_id) is None:
+            raise NotFound(f"unknown training job {job_id!r}")
+        path = self.settings.jobs_dir / job_id / "train.log"
+        if not path.exists():
+            return ""
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(lines[-tail:]) + ("\n" if lines else "")
+
+    # ------------------------------------------------------------------ internals
+    def _refresh_gauge(self) -> None:
+        counts = self.store.counts()
+        for state in JOB_STATES:
+            self.metrics.training_jobs.labels(state=state).set(counts.get(state, 0))
+
+    @staticmethod
+    def _force_stop(r: _Running) -> None:
+        r.process.join(CANCEL_GRACE_S)
+        if r.process.is_alive():
+            r.process.terminate()
+
+    def _launch_queued(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for job in self.store.in_state("queued"):
+                if len(self._running) >= self.settings.max_concurrent_jobs:
+                    break
+                self._launch(job)
+
+    def _launch(self, job: dict[str, Any]) -> None:
+        job_id = job["id"]
+        job_dir = self.settings.jobs_dir / job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = self.settings.models_root / job_id
+        events = self._ctx.Queue()
+        stop = self._ctx.Event()
+        process = self._ctx.Process(
+            target=_child_main,
+            args=(job_id, json.dumps(job["config"]), str(out_dir), str(job_dir / "train.log"),
+                  events, stop),
+            name=f"vge-train-{job_id}",
+            daemon=True,
+        )  # fmt: skip
+        process.start()
+        self.store.update(job_id, state="running", started_at=time.time())
+        thread = threading.Thread(target=self._monitor, args=(job_id,), daemon=True,
+                                  name=f"vge-monitor-{job_id}")  # fmt: skip
+        self._running[job_id] = _Running(process, stop, events, thread)
+        thread.start()
+        log.info("job %s started (pid %s)", job_id, process.pid)
+        self._refresh_gauge()
+
+    def _monitor(self, job_id: str) -> None:
+        """Relay a job's events to the store until its process exits; then record the outcome."""
+        r = self._running[job_id]
+        result: dict[str, Any] | None = None
+        error: str | None = None
+        last_metrics: dict[str, Any] = {}
+        while True:
+            try:
+                event = r.events.get(timeout=0.25)
+            except queue.Empty:
+                if not r.process.is_alive():
+                    try:  # drain what the child sent just before exiting
+                        event = r.events.get(timeout=0.5)
+                    except queue.Empty:
+                        break
+                else:
+                    continue
+            except (EOFError, OSError):
+                break
+            kind = event.get("type")
+            if kind == "_result":
+                result = event
+            elif kind == "_error":
+                error = event.get("error")
+            else:
+                self.store.add_event(job_id, event)
+                for key in ("train_loss", "val_loss", "val_accuracy", "epoch"):
+                    if event.get(key) is not None and kind in ("epoch", "done"):
+                        last_metrics[key] = event[key]
+        r.process.join(5)
+        job = self.store.get(job_id) or {}
+        now = time.time()
+        if job.get("cancel_requested"):
+            self.store.update(job_id, state="cancelled", finished_at=now, metrics=last_metrics)
+        elif result is not None:
+            self.store.update(job_id, state="succeeded", finished_at=now,
+                              model_dir=result["model_dir"], metrics=last_metrics)  # fmt: skip
+        elif self._closed:
+            self.store.update(job_id, state="interrupted", finished_at=now,
+                              error="the server shut down while this job ran")  # fmt: skip
+        else:
+            self.store.update(
+                job_id, state="failed", finished_at=now, metrics=last_metrics,
+                error=error or f"training process exited with code {r.process.exitcode}",
+            )  # fmt: skip
+        log.info("job %s finished: %s", job_id, (self.store.get(job_id) or {}).get("state"))
+        with self._lock:
+            self._running.pop(job_id, None)
+        if not self._closed:
+            self._refresh_gauge()
+            self._launch_queued()

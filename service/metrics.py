@@ -1,0 +1,136 @@
+"""Prometheus metrics, named exactly as in docs/architecture.md (dashboards depend on the names).
+
+One :class:`Metrics` per app, on its own registry, so several apps (tests) never clash. Latency
+histograms use :data:`LATENCY_BUCKETS`, which resolve 1 ms to 10 s.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0,
+)  # fmt: skip
+BATCH_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
+LOAD_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+JOB_STATES: tuple[str, ...] = (
+    "queued",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "interrupted",
+)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """The service's metric families on a private :class:`CollectorRegistry`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.request_duration = Histogram(
+            "vge_request_duration_seconds",
+            "HTTP request latency by route template, method and status code.",
+            ["endpoint", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "vge_queue_wait_seconds",
+            "Time a request waited in the batcher's queue before its batch started.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute = Histogram(
+            "vge_compute_seconds",
+            "Forward + scoring time of one batch.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "vge_batch_size",
+            "Images per forward pass.",
+            ["model"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "vge_queue_depth", "Images waiting in the batcher's queue.", ["model"], registry=r
+        )
+        self.inflight = Gauge(
+            "vge_inflight_requests", "HTTP requests being handled right now.", registry=r
+        )
+        self.predictions = Counter(
+            "vge_predictions",
+            "Predictions served, by model and whether the model abstained.",
+            ["model", "abstained"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "vge_rejections",
+            "Requests refused, by reason (queue_full, deadline, bad_input, payload_too_large, "
+            "unauthorized).",
+            ["reason"],
+            registry=r,
+        )
+        self.model_load = Histogram(
+            "vge_model_load_seconds",
+            "Time to load and verify a model.",
+            ["model"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.training_jobs = Gauge(
+            "vge_training_jobs", "Training jobs by state.", ["state"], registry=r
+        )
+        self.device_memory = Gauge(
+            "vge_device_memory_bytes",
+            "Accelerator memory in use by this process.",
+            ["device", "kind"],
+            registry=r,
+        )
+        for reason in ("queue_full", "deadline", "bad_input", "payload_too_large", "unauthorized"):
+            self.rejections.labels(reason=reason)
+        for state in JOB_STATES:
+            self.training_jobs.labels(state=state).set(0)
+
+    def record_predictions(self, model: str, abstains: list[bool]) -> None:
+        """Count served predictions for ``model``; ``abstains`` holds one flag per image."""
+        n_abstain = sum(1 for a in abstains if a)
+        if n_abstain:
+            self.predictions.labels(model=model, abstained="true").inc(n_abstain)
+        if len(abstains) - n_abstain:
+            self.predictions.labels(model=model, abstained="false").inc(len(abstains) - n_abstain)
+
+    def update_device_memory(self) -> None:
+        """Refresh the device-memory gauge from torch (CUDA only; a no-op elsewhere)."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        for i in range(torch.cuda.device_count()):
+            dev = f"cuda:{i}"
+            self.device_memory.labels(device=dev, kind="allocated").set(
+                torch.cuda.memory_allocated(i)
+            )
+            self.device_memory.labels(device=dev, kind="reserved").set(
+                torch.cuda.memory_reserved(i)
+            )
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text exposition format."""
+        self.update_device_memory()
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""HTTP routes, one module per area; thin: parse → call service modules / models → respond."""

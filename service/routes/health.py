@@ -1,0 +1,42 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+
+from service.deps import State
+from service.metrics import CONTENT_TYPE
+
+router = APIRouter(tags=["health"])
+
+
+def is_ready(state: State) -> tuple[bool, str]:
+    """Ready only with a model loaded, the batcher running, and not draining."""
+    if state.draining or (state.batcher is not None and not state.batcher.admitting):
+        return False, "draining"
+    if state.models.current is None or state.batcher is None:
+        return False, "loading"
+    return True, "ready"
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """Liveness: the process serves HTTP."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "loading or draining"}})
+async def readyz(state: State) -> JSONResponse:
+    """Readiness: 200 with a model loaded; 503 while loading or draining."""
+    ready, status = is_ready(state)
+    body: dict[str, str | None] = {"status": status}
+    if state.models.current is not None:
+        body["model"] = state.models.current.name
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(state: State) -> Response:
+    """Prometheus text exposition."""
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE)

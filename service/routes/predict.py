@@ -1,0 +1,128 @@
+"""``POST /v1/predict`` (images → predictions with uncertainty) and ``POST /v1/score``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+import torch
+from fastapi import APIRouter, Query, Request
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from service.decode import b64_images, images_to_batch, multipart_images
+from service.deps import State
+from service.errors import BadInput, InvalidValue, NotReady
+from service.inference import effective_abstain_k, infer
+from service.routes.schemas import (
+    PredictJSON,
+    PredictOptions,
+    PredictResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
+
+router = APIRouter(prefix="/v1", tags=["predict"])
+
+_BODY_DOC = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "images": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                    },
+                }
+            },
+            "application/json": {"schema": PredictJSON.model_json_schema()},
+        }
+    }
+}
+
+
+def _invalid(exc: ValidationError) -> InvalidValue:
+    msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return InvalidValue(msg)
+
+
+async def _read_payload(request: Request, state: State) -> tuple[list[bytes], dict[str, Any]]:
+    """Images and body options from a multipart or JSON request."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    settings = state.settings
+    if ctype == "multipart/form-data":
+        form = await request.form(max_files=settings.max_images * 2 + 8, max_fields=64)
+        files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
+        options = {k: v for k, v in form.multi_items() if not isinstance(v, UploadFile)}
+        return await multipart_images(files, settings), options
+    if ctype in ("application/json", ""):
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BadInput("body is not valid JSON") from None
+        try:
+            parsed = PredictJSON.model_validate(body)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        options = parsed.model_dump(exclude={"images"}, exclude_unset=True)
+        return b64_images(parsed.images, settings), options
+    raise BadInput(
+        f"unsupported content type {ctype!r}: send multipart/form-data files or "
+        'application/json {"images": ["<base64>", ...]}'
+    )
+
+
+@router.post("/predict", response_model=PredictResponse, openapi_extra=_BODY_DOC)
+async def predict(
+    request: Request, state: State, query: Annotated[PredictOptions, Query()]
+) -> dict[str, Any]:
+    """Predict one or many images: top-k probabilities, VGMU, SNR, TU/AU/EU and abstain.
+
+    For VGN models the probabilities and TU/AU/EU come from the gated members q; VGMU, SNR,
+    the prediction and abstain from the raw members p unless ``vgmu_on=q``.
+    """
+    model = state.models.get()
+    blobs, body_options = await _read_payload(request, state)
+    try:
+        opts = PredictOptions.model_validate(
+            {**query.model_dump(exclude_unset=True), **body_options}
+        )
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    if state.decode_pool is None:
+        raise NotReady("the service is starting")
+    x = await images_to_batch(blobs, model.predictor, state.settings, state.decode_pool)
+    results = await infer(
+        state,
+        model,
+        x,
+        abstain_k=effective_abstain_k(state, model, opts.abstain_k),
+        vgmu_on=opts.vgmu_on,
+        top_k=min(opts.top_k, len(model.class_names)),
+        timeout_s=opts.timeout_s,
+    )
+    return {"model": model.name, "model_version": model.version, "results": results}
+
+
+def _score(body: ScoreRequest) -> list[dict[str, Any]]:
+    from models.uncertainty.scoring import score_ensemble
+
+    try:
+        P = torch.tensor(body.probs, dtype=torch.float64)
+    except (ValueError, TypeError) as exc:
+        raise InvalidValue(f"probs must be a rectangular B×M×C array of numbers: {exc}") from None
+    try:
+        scores = score_ensemble(
+            P, gate_k=body.gate_k, abstain_k=body.abstain_k, vgmu_on=body.vgmu_on
+        )
+    except ValueError as exc:
+        raise InvalidValue(f"probs: {exc}") from None
+    return scores.to_records()
+
+
+@router.post("/score", response_model=ScoreResponse)
+async def score(body: ScoreRequest) -> dict[str, Any]:
+    """Score member probabilities (B×M×C) of an ensemble served elsewhere, like ``vge score``."""
+    return {"results": await asyncio.to_thread(_score, body)}

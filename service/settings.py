@@ -1,0 +1,151 @@
+"""All service settings in one place (environment variables prefixed ``VGE_`` or ``vge serve`` flags).
+
+Every value is validated when :class:`Settings` is built, so a bad deployment fails at start-up with
+a message that says which setting is wrong and how to fix it, not on the first request.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The range of ``abstain_k`` the API accepts (a margin in standard deviations; see the paper, §3).
+ABSTAIN_K_MIN = 0.0
+ABSTAIN_K_MAX = 100.0
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class Settings(BaseSettings):
+    """Service configuration; ``VGE_<NAME>`` environment variables, overridden by CLI flags."""
+
+    model_config = SettingsConfigDict(env_prefix="VGE_", extra="forbid", validate_default=True)
+
+    # --- network -----------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Interface to bind (0.0.0.0 for all).")
+    port: Annotated[int, Field(ge=0, le=65535, description="TCP port (0 picks a free one).")] = 8000
+
+    # --- model -------------------------------------------------------------------------------
+    model_dir: Path | None = Field(
+        None, description="Directory of the model to serve; default: the shipped zoo model."
+    )
+    models_root: Path = Field(
+        Path("var/models"),
+        description="Where training jobs write models and where promote looks them up.",
+    )
+    device: str = Field("auto", description="auto (GPU when present), cpu, cuda, cuda:N or mps.")
+
+    # --- batching ----------------------------------------------------------------------------
+    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    max_queue_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = 5.0
+    max_queue_length: Annotated[int, Field(ge=1, le=1_000_000)] = 512
+    request_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
+    abstain_k: Annotated[float | None, Field(ge=ABSTAIN_K_MIN, le=ABSTAIN_K_MAX)] = Field(
+        None, description="Default abstain_k; unset: the model card's calibrated value, else 1.0."
+    )
+
+    # --- payload limits ----------------------------------------------------------------------
+    max_payload_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+    max_image_bytes: Annotated[int, Field(ge=64)] = 8 * 1024 * 1024
+    max_image_pixels: Annotated[int, Field(ge=1)] = 4096 * 4096
+    max_images: Annotated[int, Field(ge=1)] = 64
+
+    # --- threads -----------------------------------------------------------------------------
+    decode_workers: Annotated[int, Field(ge=1, le=256)] = 4
+    torch_threads: Annotated[int, Field(ge=0, le=256)] = Field(
+        0, description="torch intra-op threads for the forward pass (0: torch's default)."
+    )
+
+    # --- security ----------------------------------------------------------------------------
+    api_key: SecretStr | None = Field(
+        None, description="Key for training and model-admin endpoints; unset disables them."
+    )
+
+    # --- training jobs -----------------------------------------------------------------------
+    jobs_db_url: str = Field("sqlite:///var/jobs.sqlite3", description="sqlite:///path")
+    jobs_dir: Path = Field(Path("var/jobs"), description="Per-job logs.")
+    data_root: Path = Field(Path("var/data"), description="Root for datasets (ImageFolder, cache).")
+    max_concurrent_jobs: Annotated[int, Field(ge=1, le=64)] = 1
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    shutdown_grace_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 30.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, v: str) -> str:
+        v = v.strip().lower()
+        if not _DEVICE_RE.match(v):
+            raise ValueError(
+                f"device {v!r} is not understood; use auto, cpu, cuda, cuda:N or mps "
+                "(VGE_DEVICE / --device)"
+            )
+        return v
+
+    @field_validator("jobs_db_url")
+    @classmethod
+    def _check_db_url(cls, v: str) -> str:
+        if not v.startswith("sqlite:///") or len(v) <= len("sqlite:///"):
+            raise ValueError(
+                f"jobs_db_url {v!r} is not supported; use sqlite:///relative/path.sqlite3 or "
+                "sqlite:////absolute/path.sqlite3 (VGE_JOBS_DB_URL / --jobs-db-url)"
+            )
+        return v
+
+    @field_validator("model_dir")
+    @classmethod
+    def _check_model_dir(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_dir():
+            raise ValueError(
+                f"model_dir {str(v)!r} is not a directory; point VGE_MODEL_DIR / --model-dir at a "
+                "model directory (card JSON + safetensors) or leave it unset for the default model"
+            )
+        return v
+
+    @field_validator("api_key")
+    @classmethod
+    def _check_api_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 8:
+            raise ValueError(
+                "api_key is shorter than 8 characters; set VGE_API_KEY / --api-key to a longer "
+                "secret (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> Settings:
+        if self.max_images > self.max_queue_length:
+            raise ValueError(
+                f"max_images ({self.max_images}) exceeds max_queue_length "
+                f"({self.max_queue_length}); a full request could never be queued. Raise "
+                "VGE_MAX_QUEUE_LENGTH or lower VGE_MAX_IMAGES"
+            )
+        if self.max_image_bytes > self.max_payload_bytes:
+            raise ValueError(
+                f"max_image_bytes ({self.max_image_bytes}) exceeds max_payload_bytes "
+                f"({self.max_payload_bytes}); lower VGE_MAX_IMAGE_BYTES or raise "
+                "VGE_MAX_PAYLOAD_BYTES"
+            )
+        return self
+
+    @property
+    def jobs_db_path(self) -> Path:
+        """Filesystem path of the SQLite job store."""
+        return Path(self.jobs_db_url[len("sqlite:///") :])
+
+    @property
+    def max_queue_delay_s(self) -> float:
+        """The batcher's maximum wait for more requests, in seconds."""
+        return self.max_queue_delay_ms / 1000.0
+
+    def resolved_device(self) -> str:
+        """``auto`` resolved to ``cuda`` when a GPU is present, else ``cpu``."""
+        import torch
+
+        if self.device != "auto":
+            return self.device
+        return "cuda" if torch.cuda.is_available() else "cpu"

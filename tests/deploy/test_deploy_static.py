@@ -1,0 +1,342 @@
+"""Static checks of the deployment files: compose (with a real Compose v2 binary), hadolint,
+promtool, the Dockerfile's shape, Grafana provisioning and the dashboard JSON.
+
+No Docker engine is needed: ``docker-compose config`` only parses, interpolates and validates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.deploy_helpers import (
+    DASHBOARD,
+    PROMETHEUS_CONFIG,
+    REPO,
+    dashboard_exprs,
+    dashboard_panels,
+    find_tool,
+    load_dashboard,
+    promql_metric_names,
+    run_tool,
+)
+
+COMPOSE = REPO / "docker-compose.yml"
+COMPOSE_CPU = REPO / "docker-compose.cpu.yml"
+ENV_EXAMPLE = REPO / ".env.example"
+DOCKERFILE = REPO / "Dockerfile"
+
+#: The metric contract from docs/architecture.md: name -> type.
+CONTRACT_METRICS = {
+    "vge_request_duration_seconds": "histogram",
+    "vge_queue_wait_seconds": "histogram",
+    "vge_compute_seconds": "histogram",
+    "vge_batch_size": "histogram",
+    "vge_queue_depth": "gauge",
+    "vge_inflight_requests": "gauge",
+    "vge_predictions_total": "counter",
+    "vge_rejections_total": "counter",
+    "vge_model_load_seconds": "histogram",
+    "vge_training_jobs": "gauge",
+    "vge_device_memory_bytes": "gauge",
+}
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without variables the compose files interpolate (a developer's shell may
+    export some), so the test sees exactly what the env file provides."""
+    drop = ("VGE_", "GRAFANA_", "PROMETHEUS_", "COMPOSE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["HOME"] = os.environ.get("HOME", "/tmp")
+    return env
+
+
+def _compose(*args: str, env_file: Path = ENV_EXAMPLE, files=(COMPOSE,)):
+    cmd = [
+        find_tool("docker-compose"),
+        "--project-directory",
+        str(REPO),
+        "--env-file",
+        str(env_file),
+    ]
+    for f in files:
+        cmd += ["-f", str(f)]
+    return run_tool([*cmd, *args], env=_clean_env())
+
+
+def _compose_json(files) -> dict:
+    res = _compose("config", "--format", "json", files=files)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+# --------------------------------------------------------------------------------------------
+# docker compose
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("files", [(COMPOSE,), (COMPOSE, COMPOSE_CPU)], ids=["gpu", "cpu-override"])
+def test_compose_config_is_valid(files):
+    res = _compose("config", "-q", files=files)
+    assert res.returncode == 0, f"docker-compose config failed:\n{res.stderr}"
+
+
+def test_compose_refuses_to_start_without_api_key(tmp_path):
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    res = _compose("config", "-q", env_file=empty)
+    assert res.returncode != 0
+    assert "VGE_API_KEY" in res.stderr
+
+
+def test_compose_gpu_service_shape():
+    cfg = _compose_json((COMPOSE,))
+    services = cfg["services"]
+    assert set(services) >= {"vge", "prometheus", "grafana"}
+    vge = services["vge"]
+
+    devices = vge["deploy"]["resources"]["reservations"]["devices"]
+    assert any(
+        d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", []) for d in devices
+    ), devices
+    env = vge["environment"]
+    assert env["VGE_DEVICE"] == "cuda"
+    assert env["VGE_HOST"] == "0.0.0.0"
+    assert env["VGE_API_KEY"]  # interpolated from the env file
+    assert "VGE_MODEL_DIR" not in env or env["VGE_MODEL_DIR"], "empty VGE_MODEL_DIR means '.'"
+
+    # job database and the models root live on the named volume
+    mounts = {m["target"]: m for m in vge["volumes"]}
+    assert mounts["/data"]["type"] == "volume"
+    assert env["VGE_JOBS_DB_URL"].startswith("sqlite:////data/")
+    assert env["VGE_MODELS_ROOT"].startswith("/data/")
+
+    # healthchecks everywhere; startup ordered on health
+    for name in ("vge", "prometheus", "grafana"):
+        assert services[name].get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    assert any("/healthz" in part for part in vge["healthcheck"]["test"])
+    assert services["prometheus"]["depends_on"]["vge"]["condition"] == "service_healthy"
+    assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+
+    # published ports: API 8000, Prometheus 9090, Grafana 3000
+    published = {
+        (p["target"], str(p["published"])) for s in services.values() for p in s.get("ports", [])
+    }
+    assert published >= {(8000, "8000"), (9090, "9090"), (3000, "3000")}
+
+
+def test_compose_cpu_override_drops_gpu_and_keeps_the_rest():
+    gpu = _compose_json((COMPOSE,))["services"]["vge"]
+    cpu = _compose_json((COMPOSE, COMPOSE_CPU))["services"]["vge"]
+    assert not cpu.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
+    assert cpu["environment"]["VGE_DEVICE"] == "cpu"
+    assert {k: v for k, v in cpu["environment"].items() if k != "VGE_DEVICE"} == {
+        k: v for k, v in gpu["environment"].items() if k != "VGE_DEVICE"
+    }
+    assert cpu["volumes"] == gpu["volumes"]
+    assert cpu["healthcheck"] == gpu["healthcheck"]
+
+
+def test_compose_bind_mounts_exist_and_match_configs():
+    services = _compose_json((COMPOSE,))["services"]
+    for name, svc in services.items():
+        for m in svc.get("volumes", []):
+            if m["type"] == "bind":
+                assert Path(m["source"]).exists(), f"{name}: bind source {m['source']} missing"
+
+    prom = services["prometheus"]
+    prom_mounts = {m["target"]: Path(m["source"]) for m in prom["volumes"] if m["type"] == "bind"}
+    config_flag = next(a for a in prom["command"] if a.startswith("--config.file="))
+    assert prom_mounts[config_flag.split("=", 1)[1]] == PROMETHEUS_CONFIG
+
+    graf = {m["target"]: Path(m["source"]) for m in services["grafana"]["volumes"]}
+    prov = graf["/etc/grafana/provisioning"]
+    provider = yaml.safe_load((prov / "dashboards" / "vge.yml").read_text())
+    dash_path = provider["providers"][0]["options"]["path"]
+    assert graf[dash_path] == DASHBOARD.parent
+    home = services["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home == f"{dash_path}/{DASHBOARD.name}"
+
+
+def test_compose_service_env_is_valid_settings():
+    """Every VGE_* variable compose passes is a real setting and validates (extra='forbid')."""
+    from service.settings import Settings
+
+    env = _compose_json((COMPOSE, COMPOSE_CPU))["services"]["vge"]["environment"]
+    vge_env = {k: v for k, v in env.items() if k.startswith("VGE_")}
+    fields = {f"VGE_{name.upper()}" for name in Settings.model_fields}
+    assert set(vge_env) <= fields, f"unknown settings: {set(vge_env) - fields}"
+    Settings(**{k[4:].lower(): v for k, v in vge_env.items()})
+
+
+def test_prometheus_scrapes_the_compose_service():
+    services = _compose_json((COMPOSE,))["services"]
+    port = int(services["vge"]["environment"]["VGE_PORT"])
+    cfg = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    job = next(j for j in cfg["scrape_configs"] if j["job_name"] == "vge")
+    targets = [t for sc in job["static_configs"] for t in sc["targets"]]
+    assert targets == [f"vge:{port}"]
+    assert job.get("metrics_path", "/metrics") == "/metrics"
+
+
+def test_promtool_check_config():
+    res = run_tool([find_tool("promtool"), "check", "config", str(PROMETHEUS_CONFIG)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout + res.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# Dockerfile
+# --------------------------------------------------------------------------------------------
+
+
+def test_hadolint_clean():
+    """No finding at any severity; each deliberate exception is an inline `hadolint ignore`."""
+    res = run_tool([find_tool("hadolint"), "--no-color", str(DOCKERFILE)])
+    assert res.returncode == 0 and not res.stdout.strip(), res.stdout + res.stderr
+
+
+def _instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_shape():
+    ins = _instructions()
+    kinds = [k for k, _ in ins]
+
+    users = [arg for k, arg in ins if k == "USER"]
+    assert users, "no USER: the service would run as root"
+    assert users[-1].split(":")[0] not in ("0", "root")
+
+    assert ins[-1] == ("ENTRYPOINT", '["vge", "serve"]') or (
+        ("ENTRYPOINT", '["vge", "serve"]') in ins
+    )
+    health = [arg for k, arg in ins if k == "HEALTHCHECK"]
+    assert len(health) == 1 and "/healthz" in health[0] and "urllib" in health[0]
+
+    # torch is installed before any project code is copied (code edits keep the torch layer)
+    torch_at = next(i for i, (k, a) in enumerate(ins) if k == "RUN" and "torch==" in a)
+    code_at = min(
+        i for i, (k, a) in enumerate(ins) if k == "COPY" and re.search(r"\b(models|service)\b", a)
+    )
+    deps_at = next(i for i, (k, a) in enumerate(ins) if k == "COPY" and "pyproject.toml" in a)
+    assert torch_at < deps_at < code_at
+    assert kinds.count("FROM") >= 1
+
+
+def test_dockerfile_env_is_valid_settings():
+    from service.settings import Settings
+
+    env: dict[str, str] = {}
+    for k, arg in _instructions():
+        if k == "ENV":
+            for m in re.finditer(r"(\w+)=(\S+)", arg):
+                env[m.group(1)] = m.group(2)
+    vge_env = {k: v for k, v in env.items() if k.startswith("VGE_")}
+    assert vge_env["VGE_HOST"] == "0.0.0.0"
+    fields = {f"VGE_{name.upper()}" for name in Settings.model_fields}
+    assert set(vge_env) <= fields, f"unknown settings: {set(vge_env) - fields}"
+    Settings(**{k[4:].lower(): v for k, v in vge_env.items()})
+
+
+def test_torch_pins_match_pyproject():
+    """The Dockerfile's torch pins satisfy the ranges in pyproject.toml."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    reqs = {Requirement(d).name: Requirement(d) for d in deps}
+    args = dict(re.findall(r"ARG (\w+)=(\S+)", DOCKERFILE.read_text()))
+    assert reqs["torch"].specifier.contains(args["TORCH_VERSION"])
+    assert reqs["torchvision"].specifier.contains(args["TORCHVISION_VERSION"])
+
+
+def test_dockerignore_keeps_what_the_build_copies():
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for needed in ("models", "service", "pyproject.toml", "README.md"):
+        assert needed not in ignored and f"{needed}/" not in ignored
+    assert {".git", ".venv"} <= ignored
+
+
+# --------------------------------------------------------------------------------------------
+# Grafana dashboard (static part; the metric names are checked against a live scrape in
+# test_deploy_prometheus.py)
+# --------------------------------------------------------------------------------------------
+
+
+def test_promql_lexer():
+    assert promql_metric_names(
+        'histogram_quantile(0.99, sum by (le, endpoint) (rate(a_bucket{x="y(z)"}[$__rate_interval])))'
+    ) == {"a_bucket"}
+    assert promql_metric_names(
+        '(sum by (model) (rate(p_total{abstained="true"}[1m])) or 0 * sum(rate(p_total[5m])))'
+        " / on (model) group_left sum(q)"
+    ) == {"p_total", "q"}
+    assert promql_metric_names("sum(g) + up offset 1h30m > 1e3") == {"g", "up"}
+
+
+def test_dashboard_datasource_is_the_provisioned_one():
+    prov = yaml.safe_load(
+        (REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )
+    uid = prov["datasources"][0]["uid"]
+    assert prov["datasources"][0]["url"] == "http://prometheus:9090"
+    dash = load_dashboard()
+    assert dash["uid"] and dash["title"]
+    for p in dashboard_panels(dash):
+        if p["type"] == "row":
+            continue
+        assert p["datasource"]["uid"] == uid, p["title"]
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == uid, p["title"]
+
+
+def test_dashboard_covers_the_issue_and_the_metric_contract():
+    dash = load_dashboard()
+    exprs = dashboard_exprs(dash)
+    titles = " | ".join(p["title"].lower() for p in dashboard_panels(dash))
+    for word in (
+        "request rate", "p50 / p95 / p99", "queue wait vs compute", "batch size distribution",
+        "queue depth", "in-flight", "abstain rate", "rejections by reason",
+        "training jobs by state", "device memory",
+    ):  # fmt: skip
+        assert word in titles, f"no panel for {word!r}"
+
+    latency = [e for t, e in exprs if "p99" in t.lower() or "latency" in t.lower()]
+    for q in ("0.5", "0.95", "0.99"):
+        assert any(
+            f"histogram_quantile({q}," in e
+            and "vge_request_duration_seconds_bucket" in e
+            and re.search(r"by \([^)]*\bendpoint\b", e)
+            and re.search(r"by \([^)]*\ble\b", e)
+            for e in latency
+        ), f"no per-endpoint p{q} latency query"
+
+    used = set().union(*(promql_metric_names(e) for _, e in exprs))
+    allowed = set()
+    for name, kind in CONTRACT_METRICS.items():
+        allowed |= (
+            {f"{name}_bucket", f"{name}_sum", f"{name}_count"} if kind == "histogram" else {name}
+        )
+    assert used <= allowed, f"not in the metric contract: {used - allowed}"
+    for name in CONTRACT_METRICS:
+        assert any(u == name or u.startswith(name + "_") for u in used), (
+            f"{name} not on the dashboard"
+        )

@@ -1,0 +1,97 @@
+"""End to end: train a tiny VGN model, then `vge evaluate` it; and the CLI's error paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from models.checkpoint import CARD_FILE
+from service.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from models.training import TrainConfig, train
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    config = TrainConfig(
+        name="tiny-lle-vgn", max_train_samples=256, epochs=1, members=3, vgn=True, batch_size=64
+    )
+    return train(config, out)
+
+
+def test_vge_evaluate_writes_metrics_plots_and_report(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "eval"
+    assert main(["evaluate", str(tiny_model), "--out", str(out)]) == 0
+    assert "accuracy" in capsys.readouterr().out
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    card = json.loads((tiny_model / CARD_FILE).read_text())
+    assert metrics["split"] == "test" and metrics["n_samples"] == 1600  # 20 % of the 8,000 digits
+    assert metrics["gated"] is True and metrics["n_members"] == 3
+    # Images fed through Predictor.prepare give the same test metrics training stored in the card.
+    stored = card["metrics"]["evaluation"]["classification"]
+    for key in ("accuracy", "nll", "ece"):
+        assert metrics["classification"][key] == pytest.approx(stored[key], abs=1e-6)
+    # The card's calibrated abstain k (validation split) is the one evaluated.
+    assert metrics["abstention"]["abstain_k"] == pytest.approx(
+        card["abstain_calibration"]["abstain_k"]
+    )
+    assert metrics["ood"]["n_ood"] == 1000 and set(metrics["ood"]["scores"]) >= {
+        "vgmu",
+        "eu",
+        "epkl",
+        "epjs",
+    }
+
+    for name in metrics["plots"].values():
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert {"reliability.png", "margin_variance.png", "learned_k.png"} <= set(
+        metrics["plots"].values()
+    )
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert (
+        "# Evaluation: tiny-lle-vgn" in report
+        and "![Reliability diagram](reliability.png)" in report
+    )
+
+
+def test_vge_evaluate_val_split_default_out_dir(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["evaluate", str(tiny_model), "--split", "val"]) == 0
+    metrics = json.loads((tmp_path / f"eval-{tiny_model.name}-val" / "metrics.json").read_text())
+    assert metrics["split"] == "val" and metrics["n_samples"] == 800
+    # calibration targeted 5 % deferral on exactly this split
+    assert metrics["abstention"]["deferral"] == pytest.approx(0.05, abs=1 / 800)
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_missing_model_dir_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", str(tmp_path / "nope")]) == 2
+    assert "no such model directory" in _one_line_error(capsys)
+
+
+def test_directory_without_a_model_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["evaluate", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "model card not found" in _one_line_error(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_split_exits_2(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["evaluate", str(tiny_model), "--split", "train"])
+    assert exc.value.code == 2
+    assert "invalid choice" in _one_line_error(capsys)

@@ -1,0 +1,89 @@
+"""Risk–coverage, AURC, E-AURC, coverage at a target risk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.evaluation.selective import (
+    aurc,
+    coverage_at_risk,
+    excess_aurc,
+    optimal_aurc,
+    risk_coverage_curve,
+    selective_metrics,
+)
+
+U = np.array([0.1, 0.2, 0.3, 0.4])
+E = np.array([0, 1, 0, 1])
+# r_k for k = 1..4: 0/1, 1/2, 1/3, 2/4 → AURC = (0 + 1/2 + 1/3 + 1/2)/4 = 1/3
+# oracle (E = 2, N = 4): 0, 0, 1/3, 2/4 → AURC* = (1/3 + 1/2)/4 = 5/24 → E-AURC = 1/3 − 5/24 = 1/8
+
+
+def test_aurc_and_eaurc_hand_computed() -> None:
+    assert aurc(U, E) == pytest.approx(1 / 3)
+    assert optimal_aurc(E) == pytest.approx(5 / 24)
+    assert excess_aurc(U, E) == pytest.approx(1 / 8)
+
+
+def test_risk_coverage_curve_hand_computed() -> None:
+    rc = risk_coverage_curve(U, E)
+    assert rc.coverage.tolist() == [0.25, 0.5, 0.75, 1.0]
+    assert rc.risk == pytest.approx([0.0, 0.5, 1 / 3, 0.5])
+    assert rc.thresholds.tolist() == U.tolist()
+
+
+def test_coverage_at_risk_hand_computed() -> None:
+    assert coverage_at_risk(U, E, 0.4) == {
+        "target_risk": 0.4,
+        "coverage": 0.75,
+        "risk": pytest.approx(1 / 3),
+        "threshold": 0.3,
+    }
+    assert coverage_at_risk(U, E, 0.0)["coverage"] == 0.25
+    assert coverage_at_risk(U[::-1], E, 0.0)["coverage"] == 0.0  # most confident sample is wrong
+
+
+def test_perfect_ranking_has_zero_excess_aurc() -> None:
+    rng = np.random.default_rng(1)
+    errors = rng.random(200) < 0.3
+    u = errors + rng.random(200) * 0.5  # every error more uncertain than every correct sample
+    assert excess_aurc(u, errors) == pytest.approx(0.0, abs=1e-15)
+    assert aurc(u, errors) == pytest.approx(optimal_aurc(errors))
+
+
+def test_constant_score_aurc_is_the_error_rate() -> None:
+    errors = np.array([1, 0, 0, 1, 0, 0, 0, 0])
+    assert aurc(np.full(8, 0.5), errors) == pytest.approx(0.25)
+
+
+def test_ties_use_expected_risk_independent_of_input_order() -> None:
+    # u = [0.1, 0.1, 0.3], one error inside the tie: r_1 = 0.5/1, r_2 = 1/2, r_3 = 1/3
+    expected = (0.5 + 0.5 + 1 / 3) / 3
+    assert aurc([0.1, 0.1, 0.3], [1, 0, 0]) == pytest.approx(expected)
+    assert aurc([0.1, 0.1, 0.3], [0, 1, 0]) == pytest.approx(expected)
+    rc = risk_coverage_curve([0.1, 0.1, 0.3], [1, 0, 0])
+    assert rc.coverage.tolist() == pytest.approx([2 / 3, 1.0])  # only achievable thresholds
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 1, allow_nan=False), st.booleans()), min_size=1, max_size=60)
+)
+def test_eaurc_is_nonnegative_and_aurc_bounded(pairs: list[tuple[float, bool]]) -> None:
+    u = np.array([p[0] for p in pairs])
+    e = np.array([p[1] for p in pairs])
+    assert excess_aurc(u, e) >= -1e-12
+    assert 0.0 <= aurc(u, e) <= 1.0
+
+
+def test_selective_metrics_keys_and_validation() -> None:
+    m = selective_metrics(U, E)
+    assert set(m) == {"aurc", "eaurc", "coverage_at_risk"}
+    assert set(m["coverage_at_risk"]) == {"0.01", "0.02", "0.05"}
+    with pytest.raises(ValueError, match="0/1"):
+        aurc(U, [0, 2, 0, 1])
+    with pytest.raises(ValueError, match="length"):
+        aurc(U, [0, 1])

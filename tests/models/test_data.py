@@ -1,0 +1,93 @@
+"""Data: the bundled MNIST split, normalisation, fingerprint, ImageFolder, no downloads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models.data import (
+    BUNDLED_MNIST_SHA256,
+    bundled_mnist_path,
+    bundled_split,
+    load_bundled_mnist,
+    load_dataset,
+    normalise_uint8,
+)
+
+
+def test_bundled_file_is_the_attributed_copy():
+    import hashlib
+
+    assert hashlib.sha256(bundled_mnist_path().read_bytes()).hexdigest() == BUNDLED_MNIST_SHA256
+    readme = (bundled_mnist_path().parent / "README.md").read_text()
+    assert "CC BY-SA 3.0" in readme and "Juan Cazala" in readme and BUNDLED_MNIST_SHA256 in readme
+    images, labels = load_bundled_mnist()
+    assert images.shape == (8000, 28, 28) and images.dtype == np.uint8
+    assert labels.shape == (8000,) and set(np.unique(labels)) == set(range(10))
+
+
+def test_split_is_fixed_disjoint_and_stratified():
+    s1, s2 = bundled_split(), bundled_split()
+    for k in ("train", "val", "test"):
+        np.testing.assert_array_equal(s1[k], s2[k])
+    assert [len(s1[k]) for k in ("train", "val", "test")] == [5600, 800, 1600]
+    allidx = np.concatenate([s1["train"], s1["val"], s1["test"]])
+    assert len(np.unique(allidx)) == 8000
+    _, labels = load_bundled_mnist()
+    full = np.bincount(labels, minlength=10) / len(labels)
+    for k in ("train", "val", "test"):
+        frac = np.bincount(labels[s1[k]], minlength=10) / len(s1[k])
+        assert np.abs(frac - full).max() < 0.005
+
+
+def test_bundle_metadata_and_normalisation():
+    b = load_dataset("mnist-bundled")
+    assert (len(b.train), len(b.val), len(b.test)) == (5600, 800, 1600)
+    assert b.in_channels == 1 and b.input_size == (28, 28) and b.num_classes == 10
+    assert 0.12 < b.mean[0] < 0.14 and 0.29 < b.std[0] < 0.33
+    assert len(b.fingerprint) == 64 and b.fingerprint == load_dataset("mnist-bundled").fingerprint
+    x = torch.stack([b.train[i][0] for i in range(len(b.train))])
+    assert abs(float(x.mean())) < 1e-3 and abs(float(x.std()) - 1) < 1e-3  # train stats
+    images, _ = load_bundled_mnist()
+    idx = int(bundled_split()["test"][0])
+    ref = (torch.from_numpy(images[idx]).float() / 255 - b.mean[0]) / b.std[0]
+    torch.testing.assert_close(b.test[0][0][0], ref)
+    assert b.test[0][1] == int(load_bundled_mnist()[1][idx])
+    small = load_dataset("mnist-bundled", max_train_samples=100)
+    assert len(small.train) == 100 and small.fingerprint == b.fingerprint
+
+
+def test_normalise_uint8():
+    img = torch.tensor([[[0, 255], [51, 102]]], dtype=torch.uint8)
+    out = normalise_uint8(img, [0.5], [0.25])
+    torch.testing.assert_close(out, (img.float() / 255 - 0.5) / 0.25)
+
+
+def test_unknown_and_missing_datasets_do_not_download(tmp_path):
+    with pytest.raises(ValueError, match="unknown dataset"):
+        load_dataset("imagenet")
+    with pytest.raises(ValueError, match="allow_download"):
+        load_dataset("MNIST", data_root=tmp_path)
+    assert not any(tmp_path.rglob("*.gz"))
+    with pytest.raises(ValueError, match="does not exist"):
+        load_dataset(f"imagefolder:{tmp_path / 'nope'}")
+
+
+def test_imagefolder(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for i in range(10):
+            arr = rng.integers(0, 256, size=(20, 24, 3), dtype=np.uint8)
+            Image.fromarray(arr).save(tmp_path / cls / f"{i}.png")
+    b = load_dataset(f"imagefolder:{tmp_path}", image_size=16)
+    assert b.class_names == ["cat", "dog"] and b.in_channels == 3 and b.input_size == (16, 16)
+    assert len(b.train) + len(b.val) + len(b.test) == 20
+    assert len(b.test) == 4
+    x, y = b.train[0]
+    assert x.shape == (3, 16, 16) and x.dtype == torch.float32 and y in (0, 1)
+    assert len(b.mean) == 3 and all(0.3 < m < 0.7 for m in b.mean)
+    assert b.fingerprint == load_dataset(f"imagefolder:{tmp_path}", image_size=16).fingerprint

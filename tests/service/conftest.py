@@ -1,0 +1,206 @@
+"""Fixtures for the service tests: a tiny trained model and real uvicorn servers on loopback.
+
+Servers run as subprocesses (``python -m service.cli.serve``) on a free port and are stopped by
+their own PID. The model is trained once per session with ``models.training`` on the bundled MNIST
+split (a few seconds), so the tests never depend on the shipped default model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from torchvision.io import encode_png
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "test-key-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A running ``vge serve`` subprocess."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def client(self, **kw: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kw)  # type: ignore[arg-type]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of ``name`` matching ``labels`` in /metrics."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("#") or not line.startswith(name):
+                continue
+            series, _, value = line.rpartition(" ")
+            base, _, lab = series.partition("{")
+            if base != name:
+                continue
+            if all(f'{k}="{v}"' in lab for k, v in labels.items()):
+                total += float(value)
+        return total
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_server(workdir: Path, model_dir: Path, **settings: object) -> Server:
+    """Start ``vge serve`` with ``settings`` (as VGE_* env vars) and wait until it is ready."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
+    env.update(
+        {
+            "VGE_HOST": "127.0.0.1",
+            "VGE_PORT": str(port),
+            "VGE_MODEL_DIR": str(model_dir),
+            "VGE_DEVICE": "cpu",
+            "VGE_JOBS_DB_URL": f"sqlite:///{workdir / 'jobs.sqlite3'}",
+            "VGE_JOBS_DIR": str(workdir / "jobs"),
+            "VGE_MODELS_ROOT": str(workdir / "models"),
+            "VGE_DATA_ROOT": str(workdir / "data"),
+            "VGE_TORCH_THREADS": "1",
+            "VGE_DECODE_WORKERS": "2",
+            "VGE_LOG_LEVEL": "warning",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update({f"VGE_{k.upper()}": str(v) for k, v in settings.items()})
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / f"server-{port}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli.serve"],
+        cwd=REPO,
+        env=env,
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    server.stop(signal.SIGKILL)
+    raise RuntimeError(f"server not ready in 90 s:\n{server.log()}")
+
+
+@pytest.fixture(scope="session")
+def mnist() -> tuple[np.ndarray, np.ndarray]:
+    d = np.load(REPO / "models" / "data" / "mnist-8k.npz")
+    return d["images"], d["labels"]
+
+
+@pytest.fixture(scope="session")
+def pngs(mnist: tuple[np.ndarray, np.ndarray]) -> list[bytes]:
+    """64 PNG-encoded MNIST test digits."""
+    images = mnist[0][-64:]
+    return [encode_png(torch.from_numpy(im).unsqueeze(0)).numpy().tobytes() for im in images]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny LeNet-5 LLE-VGN (M=3) trained for one epoch on 512 bundled MNIST images."""
+    from models.training import TrainConfig, train
+
+    out = tmp_path_factory.mktemp("model") / "tiny"
+    config = TrainConfig(
+        name="tiny", version="1.0.0", epochs=1, max_train_samples=512, members=3,
+        ensemble="lle", vgn=True, batch_size=64, device="cpu",
+    )  # fmt: skip
+    return Path(train(config, out))
+
+
+def copy_model(src: Path, dst: Path, version: str) -> Path:
+    """A copy of ``src`` with another card version (weights and their sha256 unchanged)."""
+    shutil.copytree(src, dst)
+    card_path = next(dst.glob("*.json"))
+    card = json.loads(card_path.read_text())
+    card["version"] = version
+    card_path.write_text(json.dumps(card))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def library(tiny_model: Path) -> Callable[..., list[dict[str, object]]]:
+    """The library's own result for decoded images, one at a time (no batching)."""
+    from torchvision.io import decode_image
+
+    from models.predictor import Predictor
+
+    predictor = Predictor.from_dir(tiny_model, device="cpu")
+
+    def run(png: bytes, **opts: object) -> dict[str, object]:
+        img = decode_image(torch.frombuffer(bytearray(png), dtype=torch.uint8))
+        out = predictor.forward(predictor.prepare(img).unsqueeze(0))
+        return predictor.score(out, **opts)[0]  # type: ignore[arg-type]
+
+    return run  # type: ignore[return-value]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
+    """The main test server: batching on (max batch 32, 20 ms), API key, small payload limits.
+
+    Serves ``models_root/tiny-v1`` (version 1.0.0); ``tiny-v2`` (2.0.0) is there for promotion.
+    """
+    work = tmp_path_factory.mktemp("main")
+    v1 = copy_model(tiny_model, work / "models" / "tiny-v1", "1.0.0")
+    copy_model(tiny_model, work / "models" / "tiny-v2", "2.0.0")
+    srv = start_server(
+        work, v1,
+        max_batch_size=32, max_queue_delay_ms=20, max_queue_length=512, api_key=API_KEY,
+        max_images=16, max_image_bytes=20_000, max_payload_bytes=400_000,
+        max_image_pixels=512 * 512,
+    )  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def approx_result(got: dict[str, object], want: dict[str, object]) -> None:
+    """Service result equals the library's (floats to 1e-5)."""
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if key == "probabilities":
+            assert [p["label"] for p in got[key]] == [p["label"] for p in value]  # type: ignore[index,union-attr]
+            for g, w in zip(got[key], value, strict=True):  # type: ignore[arg-type]
+                assert g["probability"] == pytest.approx(w["probability"], abs=1e-5)
+        elif isinstance(value, float):
+            assert got[key] == pytest.approx(value, abs=1e-5), key
+        else:
+            assert got[key] == value, key

@@ -1,0 +1,101 @@
+"""Every client mistake is a 4xx JSON error naming the problem; auth on management endpoints."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from tests.service.conftest import API_KEY, Server
+
+
+def _error(r, status: int, *words: str) -> None:  # noqa: ANN001
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert isinstance(body["error"], str) and body["error"]
+    for w in words:
+        assert w in body["error"], body["error"]
+
+
+def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
+    png = pngs[0]
+    big = png + b"\0" * 30_000  # over max_image_bytes=20000
+    with server.client() as c:
+        _error(c.post("/v1/predict", files=[("images", ("x.txt", b"hello, not an image"))]),
+               400, "image 0", "decoded")  # fmt: skip
+        _error(c.post("/v1/predict", files=[("images", ("t.png", png[: len(png) // 2]))]),
+               400, "image 0")  # fmt: skip
+        _error(c.post("/v1/predict", json={"images": ["%%%"]}), 400, "base64")
+        _error(c.post("/v1/predict", json={"images": []}), 400, "no images")
+        _error(c.post("/v1/predict", content=b"{not json", headers={"content-type": "application/json"}),
+               400, "JSON")  # fmt: skip
+        _error(c.post("/v1/predict", content=b"x", headers={"content-type": "text/plain"}),
+               400, "content type")  # fmt: skip
+        _error(c.post("/v1/predict", files=[("images", ("big.png", big))]), 413, "limit")
+        too_many = [("images", (f"{i}.png", png)) for i in range(17)]  # max_images=16
+        _error(c.post("/v1/predict", files=too_many), 413, "too many images")
+        huge = b"\0" * 500_000  # over max_payload_bytes=400000
+        _error(c.post("/v1/predict", content=huge, headers={"content-type": "application/json"}),
+               413, "exceeds")  # fmt: skip
+        b64 = base64.b64encode(png).decode()
+        _error(c.post("/v1/predict", json={"images": [b64], "abstain_k": 101}), 422, "abstain_k")
+        _error(c.post("/v1/predict", params={"abstain_k": -0.5}, files=[("images", ("a.png", png))]),
+               422, "abstain_k")  # fmt: skip
+        _error(c.post("/v1/predict", params={"vgmu_on": "z"}, json={"images": [b64]}), 422, "vgmu_on")
+        _error(c.post("/v1/predict", params={"top_k": 0}, json={"images": [b64]}), 422, "top_k")
+        _error(c.post("/v1/score", json={"probs": [[[0.5, 0.7]]]}), 422, "sum")
+        _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]], [[1.0]]]}), 422, "probs")
+        _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]]], "abstain_k": -1}), 422, "abstain_k")
+        _error(c.get("/v1/models/nope"), 404, "nope")
+        _error(c.get("/v2/models/nope"), 404, "nope")
+        _error(c.get("/no/such/route"), 404)
+    assert server.metric("vge_rejections_total", reason="payload_too_large") >= 3
+    assert server.metric("vge_rejections_total", reason="bad_input") >= 5
+
+
+def test_decompression_bomb_refused_before_decoding(server: Server) -> None:
+    import struct
+    import zlib
+
+    w = h = 4000  # 16 Mpx > max_image_pixels (512*512); tiny on the wire
+    raw = zlib.compress(b"".join(b"\0" + b"\0" * w for _ in range(h)), 9)
+
+    def chunk(t: bytes, d: bytes) -> bytes:
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+           + chunk(b"IDAT", raw) + chunk(b"IEND", b""))  # fmt: skip
+    assert len(png) < 20_000
+    with server.client() as c:
+        _error(c.post("/v1/predict", files=[("images", ("bomb.png", png))]), 413, "pixels")
+
+
+@pytest.mark.parametrize("path", ["/v1/models/reload", "/v1/training-jobs"])
+def test_auth(server: Server, path: str) -> None:
+    with server.client() as c:
+        r = c.post(path, json={})
+        _error(r, 401, "missing API key")
+        assert r.headers["www-authenticate"] == "Bearer"
+        _error(c.post(path, json={}, headers={"Authorization": "Bearer wrong-key-123"}), 403, "wrong")
+        _error(c.post(path, json={}, headers={"X-API-Key": API_KEY + "x"}), 403, "wrong")
+        _error(c.get("/v1/training-jobs", headers={"Authorization": "Basic " + API_KEY}), 401)
+        ok = c.get("/v1/training-jobs", headers={"X-API-Key": API_KEY})
+        assert ok.status_code == 200 and "jobs" in ok.json()
+        ok = c.get("/v1/training-jobs", headers={"Authorization": f"Bearer {API_KEY}"})
+        assert ok.status_code == 200
+    assert API_KEY not in server.log()
+    assert server.metric("vge_rejections_total", reason="unauthorized") >= 3
+
+
+def test_admin_errors(server: Server) -> None:
+    h = {"X-API-Key": API_KEY}
+    with server.client(headers=h) as c:
+        _error(c.post("/v1/models/promote", json={"model": "../etc"}), 422, "invalid")
+        _error(c.post("/v1/models/promote", json={"model": "missing"}), 404, "missing")
+        _error(c.post("/v1/models/promote", json={}), 422, "exactly one")
+        _error(c.get("/v1/training-jobs/job-nope"), 404, "job-nope")
+        _error(c.post("/v1/training-jobs", json={"epochs": 0}), 422, "epochs")
+        _error(c.post("/v1/training-jobs", json={"backbone": "nope"}), 422, "backbone")
+        _error(c.post("/v1/training-jobs", json={"dataset": "imagefolder:../../etc"}), 422,
+               "outside the data root")  # fmt: skip
+        _error(c.post("/v1/training-jobs", json={"data_root": "/"}), 422, "data_root")

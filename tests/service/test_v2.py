@@ -1,0 +1,106 @@
+"""KServe V2 / Open Inference Protocol round trip with the real ``tritonclient.http`` client."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+tritonclient_http = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tests.service.conftest import Server  # noqa: E402
+
+NAMES = ["probabilities", "prediction", "vgmu", "snr", "tu", "au", "eu", "abstain"]
+
+
+def _client(server: Server):  # noqa: ANN202
+    return tritonclient_http.InferenceServerClient(url=server.url.removeprefix("http://"))
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_v2_round_trip(server: Server, mnist, library, pngs: list[bytes], binary: bool) -> None:
+    client = _client(server)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("tiny")
+    meta = client.get_model_metadata("tiny")
+    assert meta["name"] == "tiny" and {o["name"] for o in meta["outputs"]} == set(NAMES)
+
+    images = mnist[0][-64:][:6][:, None].copy()  # (6, 1, 28, 28) uint8, same digits as pngs
+    inp = tritonclient_http.InferInput("images", list(images.shape), "UINT8")
+    inp.set_data_from_numpy(images, binary_data=binary)
+    outputs = [tritonclient_http.InferRequestedOutput(n, binary_data=binary) for n in NAMES]
+    result = client.infer("tiny", [inp], outputs=outputs, parameters={"abstain_k": 0.8})
+
+    probs = result.as_numpy("probabilities")
+    assert probs.shape == (6, 10) and probs.dtype == np.float32
+    assert result.as_numpy("abstain").dtype == np.bool_
+    for i in range(6):
+        want = library(pngs[i], abstain_k=0.8, vgmu_on="p", top_k=10)
+        assert int(result.as_numpy("prediction")[i]) == want["prediction"]
+        assert bool(result.as_numpy("abstain")[i]) == want["abstain"]
+        for key in ("vgmu", "snr", "tu", "au", "eu"):
+            assert result.as_numpy(key)[i] == pytest.approx(want[key], abs=1e-5)
+        for entry in want["probabilities"]:
+            assert probs[i, int(entry["label"])] == pytest.approx(entry["probability"], abs=1e-5)
+    client.close()
+
+
+def test_v2_fp32_prepared_input(server: Server, library, pngs: list[bytes]) -> None:
+    import torch
+    from torchvision.io import decode_image
+
+    from models.predictor import Predictor
+
+    info = httpx.get(server.url + "/v1/models").json()["models"][0]
+    predictor = Predictor.from_dir(info["model_dir"], device="cpu")
+    x = torch.stack([predictor.prepare(decode_image(torch.frombuffer(bytearray(p), dtype=torch.uint8)))
+                     for p in pngs[:3]]).numpy()  # fmt: skip
+    client = _client(server)
+    inp = tritonclient_http.InferInput("images", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    result = client.infer("tiny", [inp])
+    for i in range(3):
+        assert int(result.as_numpy("prediction")[i]) == library(pngs[i])["prediction"]
+    client.close()
+
+
+def test_v2_errors(server: Server) -> None:
+    client = _client(server)
+    bad = [
+        (np.zeros((2, 1, 28, 28), np.int32), "INT32", "datatype"),
+        (np.zeros((2, 5, 28, 28), np.uint8), "UINT8", "channels"),
+        (np.zeros((2, 1, 14, 14), np.float32), "FP32", "does not match"),
+        (np.zeros((17, 1, 28, 28), np.uint8), "UINT8", "too many images"),
+    ]
+    for arr, dtype, words in bad:
+        inp = tritonclient_http.InferInput("images", list(arr.shape), dtype)
+        inp.set_data_from_numpy(arr)
+        with pytest.raises(InferenceServerException, match=words):
+            client.infer("tiny", [inp])
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        inp = tritonclient_http.InferInput("images", [1, 1, 28, 28], "UINT8")
+        inp.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.uint8))
+        client.infer("nope", [inp])
+    client.close()
+    # raw protocol errors: {"error": "..."} with 4xx
+    url = server.url + "/v2/models/tiny/infer"
+    cases = [
+        ({"inputs": [{"name": "images", "shape": [1, 4], "datatype": "UINT8", "data": [0] * 4}]},
+         400, "shape"),
+        ({"inputs": [{"name": "images", "shape": [1, 2, 2], "datatype": "UINT8", "data": [1, 2]}]},
+         400, "elements"),
+        ({"inputs": [{"name": "images", "shape": [1, 2, 2], "datatype": "UINT8",
+                      "data": [1, 2, 3, 300]}]}, 400, "[0, 255]"),
+        ({"inputs": []}, 400, "exactly one"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "parameters": {"abstain_k": 500}}, 422, "abstain_k"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "outputs": [{"name": "nope"}]}, 400, "unknown outputs"),
+    ]  # fmt: skip
+    for body, status, words in cases:
+        r = httpx.post(url, json=body, timeout=10)
+        assert r.status_code == status, r.text
+        assert words in r.json()["error"]
+    r = httpx.post(url, content=b"{", timeout=10)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]
