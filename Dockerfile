@@ -52,9 +52,10 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY README.md ./
 COPY models ./models
 COPY service ./service
+# The check runs `python -I` so it imports the *installed* package (package data included), not /app.
 RUN pip install --no-deps . \
  && rm -rf /app/build /app/*.egg-info \
- && python -c "from models.zoo import default_model_dir; p = default_model_dir(); assert p.is_dir(), p; print('default model:', p)"
+ && python -I -c "from models.zoo import default_model_dir; p = default_model_dir(); assert (p / 'model_card.json').is_file(), p; print('default model:', p)"
 
 # Writable state (job database, trained models) lives on a volume, owned by the runtime user.
 RUN mkdir -p /data/models /data/jobs /data/datasets \

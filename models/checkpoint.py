@@ -101,8 +101,15 @@ def build_from_card(card: ModelCard) -> nn.Module:
     from models.ensembles import build_ensemble
 
     return build_ensemble(
-        card.ensemble, card.backbone, card.num_classes, card.members, card.vgn, card.in_channels,
-        backbone_kwargs=card.backbone_kwargs, k=card.k_fixed, mc_samples=card.mc_samples,
+        card.ensemble,
+        card.backbone,
+        card.num_classes,
+        card.members,
+        card.vgn,
+        card.in_channels,
+        backbone_kwargs=card.backbone_kwargs,
+        k=card.k_fixed,
+        mc_samples=card.mc_samples,
     )
 
 
@@ -116,10 +123,14 @@ def save_checkpoint(module: nn.Module, card: ModelCard, out_dir: str | Path) -> 
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
     weights = out / WEIGHTS_FILE
     tmp = weights.with_suffix(".safetensors.tmp")
-    save_file(state, str(tmp), metadata={"format": "pt", "name": card.name})
+    # a single metadata key: safetensors serialises the metadata map in hash order, so several
+    # keys would make the file bytes (and the sha256) differ between identical saves
+    save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(weights)
-    card = card.model_copy(update={"weights_sha256": file_sha256(weights),
-                                   "learned_k": learned_k(module)})
+    weights.chmod(0o644)  # safetensors writes 0600; weights are meant to be shared/packaged
+    card = card.model_copy(
+        update={"weights_sha256": file_sha256(weights), "learned_k": learned_k(module)}
+    )
     (out / CARD_FILE).write_text(json.dumps(card.model_dump(mode="json"), indent=2) + "\n")
     return card
 
@@ -139,8 +150,9 @@ def read_card(model_dir: str | Path) -> ModelCard:
         raise CheckpointError(f"{path}: invalid model card: {e}") from None
 
 
-def load_checkpoint(model_dir: str | Path, device: str | torch.device = "cpu"
-                    ) -> tuple[nn.Module, ModelCard]:
+def load_checkpoint(
+    model_dir: str | Path, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, ModelCard]:
     """Rebuild, verify and load a model: returns ``(module in eval mode on device, card)``.
 
     Verifies the sha256 of ``model.safetensors`` against the card before reading it and loads the

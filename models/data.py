@@ -94,17 +94,21 @@ def load_bundled_mnist(verify: bool = True) -> tuple[np.ndarray, np.ndarray]:
         return d["images"].copy(), d["labels"].astype(np.int64)
 
 
-def stratified_split(labels: np.ndarray, seed: int = SPLIT_SEED,
-                     fractions: tuple[float, float, float] = SPLIT_FRACTIONS
-                     ) -> dict[str, np.ndarray]:
+def stratified_split(
+    labels: np.ndarray,
+    seed: int = SPLIT_SEED,
+    fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
+) -> dict[str, np.ndarray]:
     """Stratified train/val/test index split (sorted int64 indices) with scikit-learn."""
     idx = np.arange(len(labels))
     _, val_frac, test_frac = fractions
     rest, test = train_test_split(idx, test_size=test_frac, stratify=labels, random_state=seed)
-    train, val = train_test_split(rest, test_size=val_frac / (1.0 - test_frac),
-                                  stratify=labels[rest], random_state=seed)
-    return {k: np.sort(v).astype(np.int64) for k, v in
-            (("train", train), ("val", val), ("test", test))}
+    train, val = train_test_split(
+        rest, test_size=val_frac / (1.0 - test_frac), stratify=labels[rest], random_state=seed
+    )
+    return {
+        k: np.sort(v).astype(np.int64) for k, v in (("train", train), ("val", val), ("test", test))
+    }
 
 
 def bundled_split() -> dict[str, np.ndarray]:
@@ -113,8 +117,11 @@ def bundled_split() -> dict[str, np.ndarray]:
     return stratified_split(labels)
 
 
-def normalise_uint8(images: torch.Tensor, mean: tuple[float, ...] | list[float],
-                    std: tuple[float, ...] | list[float]) -> torch.Tensor:
+def normalise_uint8(
+    images: torch.Tensor,
+    mean: tuple[float, ...] | list[float],
+    std: tuple[float, ...] | list[float],
+) -> torch.Tensor:
     """uint8 ``(..., C, H, W)`` -> float32 scaled to [0, 1] and normalised per channel.
 
     The single definition of input normalisation, shared by the bundled dataset and
@@ -166,8 +173,12 @@ def _load_mnist_bundled(max_train_samples: int | None) -> DataBundle:
         input_size=(28, 28),
         mean=(mean,),
         std=(std,),
-        fingerprint=_fingerprint("mnist-bundled", images.tobytes(), labels.astype("<i8").tobytes(),
-                                 *_split_fingerprint(split)),
+        fingerprint=_fingerprint(
+            "mnist-bundled",
+            images.tobytes(),
+            labels.astype("<i8").tobytes(),
+            *_split_fingerprint(split),
+        ),
         extra={"split_sizes": {k: int(len(v)) for k, v in split.items()}},
     )
 
@@ -191,8 +202,9 @@ def _targets(ds: Dataset) -> np.ndarray:
     return np.asarray(t, dtype=np.int64)
 
 
-def _load_torchvision(name: str, root: Path, allow_download: bool,
-                      max_train_samples: int | None) -> DataBundle:
+def _load_torchvision(
+    name: str, root: Path, allow_download: bool, max_train_samples: int | None
+) -> DataBundle:
     import torchvision.datasets as tvd
 
     key = name.lower()
@@ -213,8 +225,9 @@ def _load_torchvision(name: str, root: Path, allow_download: bool,
         raise ValueError(f"{cls_name} not found under {root}{hint}: {e}") from None
     labels = _targets(full)
     # validation: a fixed stratified 10% of the official training set; test: the official test set
-    tr, va = train_test_split(np.arange(len(labels)), test_size=0.1, stratify=labels,
-                              random_state=SPLIT_SEED)
+    tr, va = train_test_split(
+        np.arange(len(labels)), test_size=0.1, stratify=labels, random_state=SPLIT_SEED
+    )
     tr, va = np.sort(tr), np.sort(va)
     if max_train_samples is not None:
         tr = tr[:max_train_samples]
@@ -230,14 +243,19 @@ def _load_torchvision(name: str, root: Path, allow_download: bool,
         input_size=(int(x0.shape[1]), int(x0.shape[2])),
         mean=mean,
         std=std,
-        fingerprint=_fingerprint(cls_name, labels.astype("<i8").tobytes(),
-                                 _targets(test).astype("<i8").tobytes(),
-                                 tr.astype("<i8").tobytes(), va.astype("<i8").tobytes()),
+        fingerprint=_fingerprint(
+            cls_name,
+            labels.astype("<i8").tobytes(),
+            _targets(test).astype("<i8").tobytes(),
+            tr.astype("<i8").tobytes(),
+            va.astype("<i8").tobytes(),
+        ),
     )
 
 
-def _load_imagefolder(path: Path, image_size: int | None, max_train_samples: int | None,
-                      grayscale: bool = False) -> DataBundle:
+def _load_imagefolder(
+    path: Path, image_size: int | None, max_train_samples: int | None, grayscale: bool = False
+) -> DataBundle:
     """ImageFolder data: ``path/{train,val,test}/<class>/*`` or ``path/<class>/*`` (split 70/10/20)."""
     from torchvision.datasets import ImageFolder
     from torchvision.transforms import v2
@@ -254,8 +272,9 @@ def _load_imagefolder(path: Path, image_size: int | None, max_train_samples: int
             return im.convert("L" if grayscale else "RGB")
 
     # Normalisation statistics from (up to 512) training images, resized, in [0, 1].
-    probe_tf = v2.Compose([v2.ToImage(), v2.Resize(size, antialias=True),
-                           v2.ToDtype(torch.float32, scale=True)])
+    probe_tf = v2.Compose(
+        [v2.ToImage(), v2.Resize(size, antialias=True), v2.ToDtype(torch.float32, scale=True)]
+    )
     has_splits = all((path / s).is_dir() for s in ("train", "val", "test"))
     root_train = path / "train" if has_splits else path
     probe = ImageFolder(str(root_train), transform=probe_tf, loader=loader)
@@ -267,10 +286,13 @@ def _load_imagefolder(path: Path, image_size: int | None, max_train_samples: int
     std = tuple(round(float(v), 6) for v in xs.std(dim=(0, 2, 3)).clamp(min=1e-6))
     tf = _transform(mean, std, size)
     if has_splits:
-        parts = {s: ImageFolder(str(path / s), transform=tf, loader=loader)
-                 for s in ("train", "val", "test")}
-        files = [f"{s}/{Path(p).relative_to(path / s)}:{c}" for s in parts
-                 for p, c in parts[s].samples]
+        parts = {
+            s: ImageFolder(str(path / s), transform=tf, loader=loader)
+            for s in ("train", "val", "test")
+        }
+        files = [
+            f"{s}/{Path(p).relative_to(path / s)}:{c}" for s in parts for p, c in parts[s].samples
+        ]
         train_ds, val_ds, test_ds = parts["train"], parts["val"], parts["test"]
         classes = parts["train"].classes
         if max_train_samples is not None:
@@ -281,21 +303,35 @@ def _load_imagefolder(path: Path, image_size: int | None, max_train_samples: int
         labels = np.asarray(full.targets, dtype=np.int64)
         split = stratified_split(labels)
         tr = split["train"] if max_train_samples is None else split["train"][:max_train_samples]
-        train_ds, val_ds, test_ds = (Subset(full, tr.tolist()), Subset(full, split["val"].tolist()),
-                                     Subset(full, split["test"].tolist()))
+        train_ds, val_ds, test_ds = (
+            Subset(full, tr.tolist()),
+            Subset(full, split["val"].tolist()),
+            Subset(full, split["test"].tolist()),
+        )
         files = [f"{Path(p).relative_to(path)}:{c}" for p, c in full.samples]
         classes = full.classes
         split_bytes = _split_fingerprint(split)
     return DataBundle(
         name=f"imagefolder:{path}",
-        train=train_ds, val=val_ds, test=test_ds,
-        class_names=list(classes), in_channels=in_ch, input_size=size, mean=mean, std=std,
+        train=train_ds,
+        val=val_ds,
+        test=test_ds,
+        class_names=list(classes),
+        in_channels=in_ch,
+        input_size=size,
+        mean=mean,
+        std=std,
         fingerprint=_fingerprint("imagefolder", "\n".join(files), *split_bytes),
     )
 
 
-def load_dataset(name: str, data_root: str | Path | None = None, allow_download: bool = False,
-                 max_train_samples: int | None = None, image_size: int | None = None) -> DataBundle:
+def load_dataset(
+    name: str,
+    data_root: str | Path | None = None,
+    allow_download: bool = False,
+    max_train_samples: int | None = None,
+    image_size: int | None = None,
+) -> DataBundle:
     """Load ``"mnist-bundled"``, a torchvision dataset by name (``"MNIST"``, ``"FashionMNIST"``,
     ``"SVHN"``, ``"CIFAR10"``, ``"CIFAR100"``) or ``"imagefolder:<path>"``.
 
@@ -304,10 +340,13 @@ def load_dataset(name: str, data_root: str | Path | None = None, allow_download:
     if name == "mnist-bundled":
         return _load_mnist_bundled(max_train_samples)
     if name.startswith("imagefolder:"):
-        return _load_imagefolder(Path(name.split(":", 1)[1]).expanduser(), image_size,
-                                 max_train_samples)
+        return _load_imagefolder(
+            Path(name.split(":", 1)[1]).expanduser(), image_size, max_train_samples
+        )
     if name.lower() in TORCHVISION_NAMES:
-        root = Path(data_root).expanduser() if data_root else Path.home() / ".cache" / "vge" / "data"
+        root = (
+            Path(data_root).expanduser() if data_root else Path.home() / ".cache" / "vge" / "data"
+        )
         return _load_torchvision(name, root, allow_download, max_train_samples)
     raise ValueError(
         f"unknown dataset {name!r}: use 'mnist-bundled', one of "

@@ -43,8 +43,7 @@ class Predictor:
         self._std = list(card.std)
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, device: str | torch.device | None = None
-                 ) -> Predictor:
+    def from_dir(cls, model_dir: str | Path, device: str | torch.device | None = None) -> Predictor:
         """Load and verify ``model_dir`` (see :func:`models.checkpoint.load_checkpoint`)."""
         dev = torch.device(device) if device is not None else default_device()
         module, card = load_checkpoint(model_dir, dev)
@@ -93,8 +92,9 @@ class Predictor:
         """``x`` (B, Cin, H', W') -> ``EnsembleOutput`` of CPU tensors ``(B, M, C)``."""
         with torch.inference_mode():
             out = self.module(x.to(self.device, non_blocking=True))
-            return EnsembleOutput(out.p.float().cpu(),
-                                  None if out.q is None else out.q.float().cpu())
+            return EnsembleOutput(
+                out.p.float().cpu(), None if out.q is None else out.q.float().cpu()
+            )
 
     __call__ = forward
 
@@ -103,8 +103,14 @@ class Predictor:
         k = self.card.abstain_k
         return 1.0 if k is None else k
 
-    def score(self, out: EnsembleOutput, *, abstain_k: float | None = None,
-              vgmu_on: str = "p", top_k: int = 3) -> list[dict[str, Any]]:
+    def score(
+        self,
+        out: EnsembleOutput,
+        *,
+        abstain_k: float | None = None,
+        vgmu_on: str = "p",
+        top_k: int = 3,
+    ) -> list[dict[str, Any]]:
         """One dict per row: ``prediction, label, probabilities [{label, probability}], vgmu, snr,
         tu, au, eu, abstain, abstain_k``."""
         from models.uncertainty.scoring import score_members
@@ -118,17 +124,21 @@ class Predictor:
         rows = []
         for rec, tp, ti in zip(scores.to_records(), top_p.tolist(), top_i.tolist(), strict=True):
             pred = int(rec["prediction"])
-            rows.append({
-                "prediction": pred,
-                "label": names[pred],
-                "probabilities": [{"label": names[i], "probability": float(v)}
-                                  for i, v in zip(ti, tp, strict=True)],
-                "vgmu": rec["vgmu"],
-                "snr": rec["snr"],
-                "tu": rec["tu"],
-                "au": rec["au"],
-                "eu": rec["eu"],
-                "abstain": bool(rec["abstain"]),
-                "abstain_k": k,
-            })
+            rows.append(
+                {
+                    "prediction": pred,
+                    "label": names[pred],
+                    "probabilities": [
+                        {"label": names[i], "probability": float(v)}
+                        for i, v in zip(ti, tp, strict=True)
+                    ],
+                    "vgmu": rec["vgmu"],
+                    "snr": rec["snr"],
+                    "tu": rec["tu"],
+                    "au": rec["au"],
+                    "eu": rec["eu"],
+                    "abstain": bool(rec["abstain"]),
+                    "abstain_k": k,
+                }
+            )
         return rows

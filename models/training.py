@@ -61,8 +61,9 @@ class TrainConfig(BaseModel):
     name: str | None = Field(None, description="model name; default <backbone>-<kind>[-vgn]-<data>")
     version: str = "1.0.0"
     description: str = ""
-    dataset: str = Field("mnist-bundled", description="mnist-bundled | torchvision name | "
-                                                      "imagefolder:<path>")
+    dataset: str = Field(
+        "mnist-bundled", description="mnist-bundled | torchvision name | imagefolder:<path>"
+    )
     data_root: str | None = None
     allow_download: bool = False
     image_size: int | None = Field(None, ge=8, description="ImageFolder resize (square)")
@@ -95,8 +96,10 @@ class TrainConfig(BaseModel):
             return v
         if v.startswith("imagefolder:") and len(v) > len("imagefolder:"):
             return v
-        raise ValueError("must be 'mnist-bundled', a torchvision dataset (MNIST, FashionMNIST, "
-                         "SVHN, CIFAR10, CIFAR100) or 'imagefolder:<path>'")
+        raise ValueError(
+            "must be 'mnist-bundled', a torchvision dataset (MNIST, FashionMNIST, "
+            "SVHN, CIFAR10, CIFAR100) or 'imagefolder:<path>'"
+        )
 
     @field_validator("backbone")
     @classmethod
@@ -116,14 +119,19 @@ class TrainConfig(BaseModel):
     @classmethod
     def _device(cls, v: str | None) -> str | None:
         if v is not None:
-            torch.device(v)  # raises RuntimeError -> reported below
+            try:
+                torch.device(v)
+            except RuntimeError:
+                raise ValueError("must be 'cpu', 'cuda' or 'cuda:N'") from None
         return v
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.vgn and self.ensemble not in VGN_KINDS:
-            raise ValueError(f"vgn is only available for de and lle ensembles, not "
-                             f"{self.ensemble!r} (paper Table 2)")
+            raise ValueError(
+                f"vgn is only available for de and lle ensembles, not "
+                f"{self.ensemble!r} (paper Table 2)"
+            )
         if self.vgn and self.members < 2:
             raise ValueError("vgn needs members >= 2")
         if self.vgn and self.loss == "members":
@@ -137,8 +145,11 @@ class TrainConfig(BaseModel):
     def model_name(self) -> str:
         if self.name:
             return self.name
-        data = self.dataset.split(":", 1)[0] if self.dataset.startswith("imagefolder:") else (
-            "mnist" if self.dataset == "mnist-bundled" else self.dataset.lower())
+        data = (
+            self.dataset.split(":", 1)[0]
+            if self.dataset.startswith("imagefolder:")
+            else ("mnist" if self.dataset == "mnist-bundled" else self.dataset.lower())
+        )
         return f"{self.backbone}-{self.ensemble}{'-vgn' if self.vgn else ''}-{data}"
 
 
@@ -203,8 +214,9 @@ def mixture_nll(out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str = "mixt
 
 
 @torch.no_grad()
-def collect_predictions(model: nn.Module, dataset: Dataset, device: torch.device | str,
-                        batch_size: int = 512) -> tuple[Tensor, Tensor | None, Tensor]:
+def collect_predictions(
+    model: nn.Module, dataset: Dataset, device: torch.device | str, batch_size: int = 512
+) -> tuple[Tensor, Tensor | None, Tensor]:
     """Run ``model`` (eval mode) over ``dataset``: ``p (N, M, C)``, ``q (N, M, C) | None``, labels."""
     was_training = model.training
     model.eval()
@@ -267,8 +279,12 @@ def _distributed() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def train(config: TrainConfig, out_dir: str | Path, on_event: EventFn | None = None,
-          should_stop: Callable[[], bool] | None = None) -> Path:
+def train(
+    config: TrainConfig,
+    out_dir: str | Path,
+    on_event: EventFn | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Path:
     """Train the configured ensemble, write the checkpoint to ``out_dir`` and return ``out_dir``.
 
     ``on_event`` receives dicts with ``type`` in {start, step, epoch, done} and ``epoch``, ``step``,
@@ -279,7 +295,9 @@ def train(config: TrainConfig, out_dir: str | Path, on_event: EventFn | None = N
     import torch.distributed as dist
 
     rank, world, local_rank = _distributed()
-    use_cuda = (config.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    use_cuda = (config.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith(
+        "cuda"
+    )
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     if use_cuda:
@@ -298,9 +316,16 @@ def train(config: TrainConfig, out_dir: str | Path, on_event: EventFn | None = N
             dist.destroy_process_group()
 
 
-def _train(config: TrainConfig, out_dir: Path, emit: EventFn,
-           should_stop: Callable[[], bool] | None, device: torch.device, rank: int, world: int,
-           is_main: bool) -> Path:
+def _train(
+    config: TrainConfig,
+    out_dir: Path,
+    emit: EventFn,
+    should_stop: Callable[[], bool] | None,
+    device: torch.device,
+    rank: int,
+    world: int,
+    is_main: bool,
+) -> Path:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data.distributed import DistributedSampler
@@ -308,38 +333,72 @@ def _train(config: TrainConfig, out_dir: Path, emit: EventFn,
 
     t_start = time.perf_counter()
     seed_everything(config.seed, config.deterministic)
-    bundle = load_dataset(config.dataset, config.data_root, config.allow_download,
-                          config.max_train_samples, config.image_size)
+    bundle = load_dataset(
+        config.dataset,
+        config.data_root,
+        config.allow_download,
+        config.max_train_samples,
+        config.image_size,
+    )
     model = build_ensemble(
-        config.ensemble, config.backbone, bundle.num_classes, config.members, config.vgn,
-        bundle.in_channels, backbone_kwargs=config.backbone_kwargs, k=config.k,
+        config.ensemble,
+        config.backbone,
+        bundle.num_classes,
+        config.members,
+        config.vgn,
+        bundle.in_channels,
+        backbone_kwargs=config.backbone_kwargs,
+        k=config.k,
         mc_samples=config.mc_samples,
     ).to(device)
     net: nn.Module = model
     sampler = None
     if world > 1:
-        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                      else None)
-        sampler = DistributedSampler(bundle.train, num_replicas=world, rank=rank, shuffle=True,
-                                     seed=config.seed)
+        net = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        sampler = DistributedSampler(
+            bundle.train, num_replicas=world, rank=rank, shuffle=True, seed=config.seed
+        )
     gen = torch.Generator().manual_seed(config.seed)
-    loader = DataLoader(bundle.train, batch_size=config.batch_size, shuffle=sampler is None,
-                        sampler=sampler, generator=gen if sampler is None else None)
+    loader = DataLoader(
+        bundle.train,
+        batch_size=config.batch_size,
+        shuffle=sampler is None,
+        sampler=sampler,
+        generator=gen if sampler is None else None,
+    )
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
 
     steps_per_epoch = len(loader)
     total_steps = steps_per_epoch * config.epochs
-    emit({"type": "start", "epoch": 0, "step": 0, "total_steps": total_steps,
-          "train_size": len(bundle.train), "val_size": len(bundle.val), "world_size": world,
-          "device": str(device), "name": config.model_name()})
+    emit(
+        {
+            "type": "start",
+            "epoch": 0,
+            "step": 0,
+            "total_steps": total_steps,
+            "train_size": len(bundle.train),
+            "val_size": len(bundle.val),
+            "world_size": world,
+            "device": str(device),
+            "name": config.model_name(),
+        }
+    )
 
     best_loss, best_epoch, bad_epochs = math.inf, 0, 0
     best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     history: list[dict[str, float]] = []
     step, cancelled, epoch = 0, False, 0
     t_loop = time.perf_counter()
-    bar = tqdm(total=total_steps, disable=None if is_main else True, desc=config.model_name(),
-               unit="step", file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(
+        total=total_steps,
+        disable=None if is_main else True,
+        desc=config.model_name(),
+        unit="step",
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
     try:
         for epoch in range(1, config.epochs + 1):
             if sampler is not None:
@@ -360,8 +419,16 @@ def _train(config: TrainConfig, out_dir: Path, emit: EventFn,
                 eta = elapsed / step * (total_steps - step)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_sum / n_seen:.4f}", best_val=f"{best_loss:.4f}")
-                emit({"type": "step", "epoch": epoch, "step": step, "total_steps": total_steps,
-                      "train_loss": loss_sum / n_seen, "eta_s": eta})
+                emit(
+                    {
+                        "type": "step",
+                        "epoch": epoch,
+                        "step": step,
+                        "total_steps": total_steps,
+                        "train_loss": loss_sum / n_seen,
+                        "eta_s": eta,
+                    }
+                )
                 if should_stop is not None and should_stop():
                     cancelled = True
                     break
@@ -380,19 +447,38 @@ def _train(config: TrainConfig, out_dir: Path, emit: EventFn,
                 stats = stats.cpu()
             val_loss, val_acc = float(stats[0]), float(stats[1])
             train_loss = loss_sum / max(n_seen, 1)
-            history.append({"epoch": epoch, "train_loss": train_loss, "val_loss": val_loss,
-                            "val_accuracy": val_acc})
+            history.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": train_loss,
+                    "val_loss": val_loss,
+                    "val_accuracy": val_acc,
+                }
+            )
             if val_loss < best_loss - config.min_delta:
                 best_loss, best_epoch, bad_epochs = val_loss, epoch, 0
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             else:
                 bad_epochs += 1
             per_epoch = (time.perf_counter() - t_loop) / epoch
-            emit({"type": "epoch", "epoch": epoch, "step": step, "total_steps": total_steps,
-                  "train_loss": train_loss, "val_loss": val_loss, "val_accuracy": val_acc,
-                  "best_val_loss": best_loss, "eta_s": per_epoch * (config.epochs - epoch)})
-            bar.write(f"epoch {epoch}: train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
-                      f"val_acc {val_acc:.4f}") if is_main and bar.disable is False else None
+            emit(
+                {
+                    "type": "epoch",
+                    "epoch": epoch,
+                    "step": step,
+                    "total_steps": total_steps,
+                    "train_loss": train_loss,
+                    "val_loss": val_loss,
+                    "val_accuracy": val_acc,
+                    "best_val_loss": best_loss,
+                    "eta_s": per_epoch * (config.epochs - epoch),
+                }
+            )
+            if is_main and not bar.disable:  # interactive terminal: keep a line per epoch
+                bar.write(
+                    f"epoch {epoch}: train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
+                    f"val_acc {val_acc:.4f}"
+                )
             if bad_epochs >= config.patience:
                 break
     finally:
@@ -401,20 +487,43 @@ def _train(config: TrainConfig, out_dir: Path, emit: EventFn,
     model.load_state_dict(best_state)
     train_seconds = time.perf_counter() - t_start
     if is_main:
-        _finalise(config, model, bundle, out_dir, device, history, best_epoch, best_loss,
-                  epoch, train_seconds, world, cancelled, emit)
+        _finalise(
+            config,
+            model,
+            bundle,
+            out_dir,
+            device,
+            history,
+            best_epoch,
+            best_loss,
+            epoch,
+            train_seconds,
+            world,
+            cancelled,
+            emit,
+        )
     if world > 1:
         dist.barrier()
     return out_dir
 
 
-def _finalise(config: TrainConfig, model: nn.Module, bundle: Any, out_dir: Path,
-              device: torch.device, history: list[dict[str, float]], best_epoch: int,
-              best_loss: float, epochs_run: int, train_seconds: float, world: int,
-              cancelled: bool, emit: EventFn) -> None:
+def _finalise(
+    config: TrainConfig,
+    model: nn.Module,
+    bundle: Any,
+    out_dir: Path,
+    device: torch.device,
+    history: list[dict[str, float]],
+    best_epoch: int,
+    best_loss: float,
+    epochs_run: int,
+    train_seconds: float,
+    world: int,
+    cancelled: bool,
+    emit: EventFn,
+) -> None:
     """Evaluate the restored best model, save weights + card, fill metrics and calibration."""
-    p_test, q_test, y_test = collect_predictions(model, bundle.test, device,
-                                                 config.eval_batch_size)
+    p_test, q_test, y_test = collect_predictions(model, bundle.test, device, config.eval_batch_size)
     p_val, q_val, y_val = collect_predictions(model, bundle.val, device, config.eval_batch_size)
     basic = _basic_metrics(p_test, q_test, y_test)
     metrics: dict[str, Any] = {
@@ -468,14 +577,28 @@ def _finalise(config: TrainConfig, model: nn.Module, bundle: Any, out_dir: Path,
         target_deferral = config.target_deferral
         if target_deferral is None and config.target_risk is None:
             target_deferral = DEFAULT_TARGET_DEFERRAL
-        calib = calibrate_abstain_k(p_val, y_val, target_deferral=target_deferral,
-                                    target_risk=config.target_risk)
-        card = card.model_copy(update={"metrics": metrics,
-                                       "abstain_calibration": _jsonable(dict(calib))})
+        calib = calibrate_abstain_k(
+            p_val, y_val, target_deferral=target_deferral, target_risk=config.target_risk
+        )
+        card = card.model_copy(
+            update={"metrics": metrics, "abstain_calibration": _jsonable(dict(calib))}
+        )
         import json
 
         (out_dir / CARD_FILE).write_text(json.dumps(card.model_dump(mode="json"), indent=2) + "\n")
-    emit({"type": "done", "epoch": epochs_run, "step": None, "total_steps": None,
-          "val_loss": best_loss, "val_accuracy": metrics["val_accuracy"],
-          "test_accuracy": metrics["test_accuracy"], "test_nll": metrics["test_nll"],
-          "best_epoch": best_epoch, "cancelled": cancelled, "path": str(out_dir), "eta_s": 0.0})
+    emit(
+        {
+            "type": "done",
+            "epoch": epochs_run,
+            "step": None,
+            "total_steps": None,
+            "val_loss": best_loss,
+            "val_accuracy": metrics["val_accuracy"],
+            "test_accuracy": metrics["test_accuracy"],
+            "test_nll": metrics["test_nll"],
+            "best_epoch": best_epoch,
+            "cancelled": cancelled,
+            "path": str(out_dir),
+            "eta_s": 0.0,
+        }
+    )

@@ -34,10 +34,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start-up: load model, start batcher and jobs. Shutdown: drain, stop jobs."""
     state: ServiceState = app.state.service
     settings = state.settings
-    if settings.torch_threads:
+    threads = settings.resolved_torch_threads()
+    if threads:
         import torch
 
-        torch.set_num_threads(settings.torch_threads)
+        torch.set_num_threads(threads)
     state.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="vge-decode")
     model = await state.models.load_initial()
     state.batcher = Batcher(
@@ -45,6 +46,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_delay_s=settings.max_queue_delay_s,
         max_queue_length=settings.max_queue_length,
         metrics=state.metrics,
+        wait_always=settings.batch_wait == "always",
     )
     state.batcher.start()
     state.jobs = JobManager(settings, state.metrics)

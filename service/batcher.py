@@ -1,8 +1,8 @@
 """Dynamic batcher: gathers concurrent requests into one forward pass.
 
 Requests (each one or more prepared images) wait in a bounded queue. The batch loop takes the
-oldest request and waits up to ``max_delay_s`` for more, until ``max_batch_size`` images are
-gathered, then runs the forward pass and each request's scoring in a single worker thread, so the
+oldest request and, while more requests are on their way (being decoded; or always, with
+``wait_always``), waits up to ``max_delay_s`` for them, until ``max_batch_size`` images are gathered, then runs the forward pass and each request's scoring in a single worker thread, so the
 event loop never computes. While one batch computes, the next one fills.
 
 Guarantees:
@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,7 +50,8 @@ class _Unit:
     predictor: Any
     model: str
     x: torch.Tensor
-    post: Callable[[Any], Any]
+    post: Callable[[Any], list[Any]]
+    post_key: Hashable
     deadline: float
     enqueued: float
     future: asyncio.Future[Any]
@@ -91,10 +92,12 @@ class Batcher:
         max_delay_s: float,
         max_queue_length: int,
         metrics: Metrics,
+        wait_always: bool = False,
     ) -> None:
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
         self.max_queue_length = max_queue_length
+        self.wait_always = wait_always
         self.metrics = metrics
         self._pending: deque[_Unit] = deque()
         self._rows = 0
@@ -103,6 +106,7 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vge-compute")
+        self._incoming = 0  # requests being decoded that will be submitted next
         self._batch_s = 0.01  # running estimate of one batch's compute time (for Retry-After)
 
     # ------------------------------------------------------------------ lifecycle
@@ -152,6 +156,21 @@ class Batcher:
         self._executor.shutdown(wait=False)
 
     # ------------------------------------------------------------------ admission
+    @contextlib.contextmanager
+    def incoming(self) -> Iterator[None]:
+        """Wrap the decoding of a request that will be submitted right after.
+
+        Unless ``wait_always``, the batch loop waits for more requests (up to ``max_delay_s``)
+        only while some are on their way; with none in flight a lone request runs at once, so
+        batching adds no latency at low load.
+        """
+        self._incoming += 1
+        try:
+            yield
+        finally:
+            self._incoming -= 1
+            self._wakeup.set()
+
     def _retry_after(self) -> str:
         batches_ahead = math.ceil((self._rows + 1) / self.max_batch_size)
         return str(max(1, math.ceil(batches_ahead * self._batch_s)))
@@ -161,12 +180,15 @@ class Batcher:
         predictor: Any,
         model: str,
         x: torch.Tensor,
-        post: Callable[[Any], Any],
+        post: Callable[[Any], list[Any]],
         timeout_s: float,
-    ) -> Any:
+        post_key: Hashable = None,
+    ) -> list[Any]:
         """Queue ``x`` (N, ...) for ``predictor``; return ``post(EnsembleOutput rows)``.
 
-        ``post`` runs in the compute thread right after the forward pass (scoring).
+        ``post`` (scoring) runs in the compute thread right after the forward pass and returns
+        one item per row. Requests of a batch with equal ``post_key`` are post-processed in one
+        call (batched scoring), so ``post`` must depend only on the key and the rows.
         Raises :class:`QueueFull` (503) or :class:`DeadlineExceeded` (504).
         """
         if not self._admitting:
@@ -183,7 +205,9 @@ class Batcher:
             )
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        unit = _Unit(predictor, model, x, post, now + timeout_s, now, loop.create_future())
+        unit = _Unit(
+            predictor, model, x, post, post_key, now + timeout_s, now, loop.create_future()
+        )
         self._pending.append(unit)
         self._rows += n
         self.metrics.queue_depth.labels(model=model).set(self._rows)
@@ -258,6 +282,7 @@ class Batcher:
             while (
                 not self._closing
                 and first.state is _State.QUEUED
+                and (self.wait_always or self._incoming > 0)
                 and self._rows_for(first.predictor) < self.max_batch_size
             ):
                 remaining = flush_at - time.monotonic()
@@ -283,15 +308,30 @@ class Batcher:
             for i in range(0, x.shape[0], self.max_batch_size)
         ]
         out = _concat_outputs(outs)
-        results: list[tuple[bool, Any]] = []
+        # Post-process (score) requests with equal options together: one call per option set.
+        spans: dict[Hashable, list[tuple[int, int, int]]] = {}
         start = 0
-        for unit in batch:
-            part = slice_output(out, start, start + unit.rows)
+        for n, unit in enumerate(batch):
+            spans.setdefault(unit.post_key, []).append((n, start, start + unit.rows))
             start += unit.rows
+        results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
+        for group in spans.values():
+            if len(group) == 1:
+                _, i, j = group[0]
+                part = slice_output(out, i, j)
+            else:
+                idx = torch.cat([torch.arange(i, j) for _, i, j in group])
+                part = _rebuild(out, out.p[idx], None if out.q is None else out.q[idx])
             try:
-                results.append((True, unit.post(part)))
-            except Exception as exc:  # noqa: BLE001 - delivered to that request only
-                results.append((False, exc))
+                items = batch[group[0][0]].post(part)
+            except Exception as exc:  # noqa: BLE001 - delivered to these requests only
+                for n, _, _ in group:
+                    results[n] = (False, exc)
+                continue
+            offset = 0
+            for n, i, j in group:
+                results[n] = (True, items[offset : offset + (j - i)])
+                offset += j - i
         return results
 
     async def _run(self, batch: list[_Unit]) -> None:

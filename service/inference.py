@@ -34,8 +34,9 @@ async def infer(
 ) -> list[dict[str, Any]]:
     """Queue prepared inputs ``x`` (N, Cin, H, W) on the batcher; return one result per row.
 
-    Scoring (``Predictor.score``) runs in the compute thread right after this request's forward
-    pass, on the predictor that computed it (so a hot swap never mixes models).
+    Scoring (``Predictor.score``) runs in the compute thread right after the batch's forward pass,
+    on the predictor that computed it (a hot swap never mixes models), once for all requests of
+    the batch that share the same options.
     """
     if state.batcher is None:
         raise NotReady("the service is starting; no batcher yet")
@@ -46,6 +47,7 @@ async def infer(
         x,
         post,
         timeout_s if timeout_s is not None else state.settings.request_timeout_s,
+        post_key=(abstain_k, vgmu_on, top_k),
     )
     state.metrics.record_predictions(model.name, [bool(r["abstain"]) for r in results])
     return results

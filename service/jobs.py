@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing as mp
+import os
 import queue
 import sqlite3
 import threading
@@ -154,18 +155,18 @@ def _child_main(
     log_path: str,
     events: Any,
     stop: Any,
+    parent_pid: int,
 ) -> None:
-    """Entry point of the spawned training process."""
+    """Entry point of the spawned training process (exits if the server process dies)."""
     import contextlib
     import os
     import sys
 
     with contextlib.suppress(OSError):
         os.nice(10)  # training yields the CPU to serving
-    parent = os.getppid()
 
     def _watch_parent() -> None:  # never outlive the server (e.g. after SIGKILL)
-        while os.getppid() == parent:
+        while os.getppid() == parent_pid:
             time.sleep(1.0)
         os._exit(3)
 
@@ -364,7 +365,7 @@ class JobManager:
         process = self._ctx.Process(
             target=_child_main,
             args=(job_id, json.dumps(job["config"]), str(out_dir), str(job_dir / "train.log"),
-                  events, stop),
+                  events, stop, os.getpid()),
             name=f"vge-train-{job_id}",
             daemon=True,
         )  # fmt: skip

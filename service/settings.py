@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     # --- batching ----------------------------------------------------------------------------
     max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
     max_queue_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = 5.0
+    batch_wait: Literal["adaptive", "always"] = Field(
+        "adaptive",
+        description="adaptive: wait up to max_queue_delay_ms for more requests only while others "
+        "are being decoded (no added latency at low load); always: Triton-style, always wait up "
+        "to max_queue_delay_ms for a fuller batch.",
+    )
     max_queue_length: Annotated[int, Field(ge=1, le=1_000_000)] = 512
     request_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
     abstain_k: Annotated[float | None, Field(ge=ABSTAIN_K_MIN, le=ABSTAIN_K_MAX)] = Field(
@@ -57,7 +63,9 @@ class Settings(BaseSettings):
     # --- threads -----------------------------------------------------------------------------
     decode_workers: Annotated[int, Field(ge=1, le=256)] = 4
     torch_threads: Annotated[int, Field(ge=0, le=256)] = Field(
-        0, description="torch intra-op threads for the forward pass (0: torch's default)."
+        0,
+        description="torch intra-op threads for the forward pass; 0: auto (on CPU half the "
+        "logical CPUs, leaving the rest to HTTP and decoding; torch's default on GPU).",
     )
 
     # --- security ----------------------------------------------------------------------------
@@ -141,6 +149,16 @@ class Settings(BaseSettings):
     def max_queue_delay_s(self) -> float:
         """The batcher's maximum wait for more requests, in seconds."""
         return self.max_queue_delay_ms / 1000.0
+
+    def resolved_torch_threads(self) -> int | None:
+        """Intra-op threads to set, or None to keep torch's default (GPU, auto)."""
+        import os
+
+        if self.torch_threads:
+            return self.torch_threads
+        if self.resolved_device() == "cpu":
+            return max(1, (os.cpu_count() or 2) // 2)
+        return None
 
     def resolved_device(self) -> str:
         """``auto`` resolved to ``cuda`` when a GPU is present, else ``cpu``."""

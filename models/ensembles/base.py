@@ -52,7 +52,9 @@ class BatchedHeads(nn.Module):
         self.biases = nn.ParameterList()
         for d_in, d_out in zip(dims[:-1], dims[1:], strict=True):
             bound = 1.0 / math.sqrt(d_in)
-            self.weights.append(nn.Parameter(torch.empty(members, d_in, d_out).uniform_(-bound, bound)))
+            self.weights.append(
+                nn.Parameter(torch.empty(members, d_in, d_out).uniform_(-bound, bound))
+            )
             self.biases.append(nn.Parameter(torch.empty(members, d_out).uniform_(-bound, bound)))
         self.dropout = nn.Dropout(spec.dropout)
 

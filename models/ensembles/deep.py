@@ -33,8 +33,13 @@ class DeepEnsemble(nn.Module):
 
     kind = "de"
 
-    def __init__(self, make_member: Callable[[], nn.Module], num_classes: int, members: int,
-                 vgn: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        make_member: Callable[[], nn.Module],
+        num_classes: int,
+        members: int,
+        vgn: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}")
@@ -78,8 +83,11 @@ class DeepEnsemble(nn.Module):
         """Reference implementation: a Python loop over members -> logits (B, M, C)."""
         params, buffers = self._stacked()
         outs = [
-            functional_call(self._template, ({n: t[m] for n, t in params.items()},
-                                             {n: t[m] for n, t in buffers.items()}), (x,))
+            functional_call(
+                self._template,
+                ({n: t[m] for n, t in params.items()}, {n: t[m] for n, t in buffers.items()}),
+                (x,),
+            )
             for m in range(self.members)
         ]
         return torch.stack(outs, dim=1)

@@ -88,12 +88,15 @@ def build_ensemble(
         vgn_layer = VGN(num_classes, k=k)
 
     if kind == "de":
-        return DeepEnsemble(lambda: _Member(make_backbone(), num_classes), num_classes, members,
-                            vgn=vgn_layer)
+        return DeepEnsemble(
+            lambda: _Member(make_backbone(), num_classes), num_classes, members, vgn=vgn_layer
+        )
     if kind == "lle":
         return LastLayerEnsemble(make_backbone(), num_classes, members, vgn=vgn_layer)
     if kind == "mcd":
-        return MCDropoutEnsemble(make_backbone(), num_classes, samples=members, heads=1,
-                                 train_samples=train_samples)
-    return MCDropoutEnsemble(make_backbone(), num_classes, samples=mc_samples, heads=members,
-                             train_samples=train_samples)
+        return MCDropoutEnsemble(
+            make_backbone(), num_classes, samples=members, heads=1, train_samples=train_samples
+        )
+    return MCDropoutEnsemble(
+        make_backbone(), num_classes, samples=mc_samples, heads=members, train_samples=train_samples
+    )

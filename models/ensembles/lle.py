@@ -20,8 +20,9 @@ class LastLayerEnsemble(nn.Module):
 
     kind = "lle"
 
-    def __init__(self, backbone: Backbone, num_classes: int, members: int,
-                 vgn: nn.Module | None = None) -> None:
+    def __init__(
+        self, backbone: Backbone, num_classes: int, members: int, vgn: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.backbone = backbone
         self.heads = BatchedHeads(members, backbone.out_features, num_classes, backbone.head)

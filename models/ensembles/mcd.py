@@ -25,8 +25,14 @@ from .base import BatchedHeads, EnsembleOutput, make_dropout_always_on
 class MCDropoutEnsemble(nn.Module):
     """``x (B, Cin, H, W) -> EnsembleOutput(p (B, S*H, C), None)``; ``heads=1`` is plain MCD."""
 
-    def __init__(self, backbone: Backbone, num_classes: int, samples: int, heads: int = 1,
-                 train_samples: int = 1) -> None:
+    def __init__(
+        self,
+        backbone: Backbone,
+        num_classes: int,
+        samples: int,
+        heads: int = 1,
+        train_samples: int = 1,
+    ) -> None:
         super().__init__()
         if samples < 1 or heads < 1 or train_samples < 1:
             raise ValueError("samples, heads and train_samples must be >= 1")

@@ -119,7 +119,7 @@ def margin_variance_geometry(
             ys,
             "r--",
             linewidth=1,
-            label=f"abstain boundary k={abstain_k:g}",
+            label=f"abstain boundary k = {abstain_k:.3g}",
         )
         ax.legend(loc="upper right", fontsize=8)
     ax.set(

@@ -15,8 +15,9 @@ from .registry import Backbone, HeadSpec, register_backbone
 class LeNet5(Backbone):
     """Shared LeNet-5 feature extractor: ``(B, Cin, H, W) -> (B, hidden)``."""
 
-    def __init__(self, in_channels: int = 1, dropout: float = 0.1, hidden: int = 120,
-                 head_hidden: int = 84) -> None:
+    def __init__(
+        self, in_channels: int = 1, dropout: float = 0.1, hidden: int = 120, head_hidden: int = 84
+    ) -> None:
         super().__init__()
         self.features = nn.Sequential(
             # padding=2 keeps the classic LeNet-5 geometry on 28x28 inputs: 28 -> 14 -> 10 -> 5
@@ -41,7 +42,8 @@ class LeNet5(Backbone):
 
 
 @register_backbone("lenet5")
-def lenet5(in_channels: int = 1, dropout: float = 0.1, hidden: int = 120,
-           head_hidden: int = 84) -> LeNet5:
+def lenet5(
+    in_channels: int = 1, dropout: float = 0.1, hidden: int = 120, head_hidden: int = 84
+) -> LeNet5:
     """LeNet-5 (SI S3.1). ``hidden``/``head_hidden`` are 120/84 in the paper."""
     return LeNet5(in_channels=in_channels, dropout=dropout, hidden=hidden, head_hidden=head_hidden)

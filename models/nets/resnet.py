@@ -41,9 +41,14 @@ class BasicBlock(nn.Module):
 class ResNet(Backbone):
     """CIFAR ResNet feature extractor: ``(B, Cin, 32, 32) -> (B, fc_features)``."""
 
-    def __init__(self, in_channels: int = 3, widths: Sequence[int] = (64, 128, 256, 512),
-                 blocks: Sequence[int] = (2, 2, 2, 2), dropout: float = 0.3,
-                 fc_features: int | None = None) -> None:
+    def __init__(
+        self,
+        in_channels: int = 3,
+        widths: Sequence[int] = (64, 128, 256, 512),
+        blocks: Sequence[int] = (2, 2, 2, 2),
+        dropout: float = 0.3,
+        fc_features: int | None = None,
+    ) -> None:
         super().__init__()
         if len(widths) != len(blocks) or not widths:
             raise ValueError("widths and blocks must be non-empty and of equal length")
@@ -56,14 +61,16 @@ class ResNet(Backbone):
         cin = widths[0]
         for i, (w, n) in enumerate(zip(widths, blocks, strict=True)):
             for j in range(n):
-                layers.append(BasicBlock(cin, w, stride=2 if (i > 0 and j == 0) else 1,
-                                         dropout=dropout))
+                layers.append(
+                    BasicBlock(cin, w, stride=2 if (i > 0 and j == 0) else 1, dropout=dropout)
+                )
                 cin = w
         self.layers = nn.Sequential(*layers)
         self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())  # GAP: (B, cin)
         fc = fc_features or cin
-        self.fc = nn.Sequential(nn.Linear(cin, fc), nn.BatchNorm1d(fc), nn.ReLU(),
-                                nn.Dropout(dropout))
+        self.fc = nn.Sequential(
+            nn.Linear(cin, fc), nn.BatchNorm1d(fc), nn.ReLU(), nn.Dropout(dropout)
+        )
         self.out_features = fc
         self.head = HeadSpec(hidden=(), activation="relu", dropout=0.0)
 
@@ -73,8 +80,18 @@ class ResNet(Backbone):
 
 
 @register_backbone("resnet18")
-def resnet18(in_channels: int = 3, dropout: float = 0.3, widths: Sequence[int] = (64, 128, 256, 512),
-             blocks: Sequence[int] = (2, 2, 2, 2), fc_features: int | None = None) -> ResNet:
+def resnet18(
+    in_channels: int = 3,
+    dropout: float = 0.3,
+    widths: Sequence[int] = (64, 128, 256, 512),
+    blocks: Sequence[int] = (2, 2, 2, 2),
+    fc_features: int | None = None,
+) -> ResNet:
     """ResNet-18 (SI S3.1); pass small ``widths``/``blocks`` for tests."""
-    return ResNet(in_channels=in_channels, widths=widths, blocks=blocks, dropout=dropout,
-                  fc_features=fc_features)
+    return ResNet(
+        in_channels=in_channels,
+        widths=widths,
+        blocks=blocks,
+        dropout=dropout,
+        fc_features=fc_features,
+    )

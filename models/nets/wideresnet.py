@@ -36,8 +36,14 @@ class WideBasic(nn.Module):
 class WideResNet(Backbone):
     """WRN-depth-k feature extractor: ``(B, Cin, 32, 32) -> (B, fc_features)``."""
 
-    def __init__(self, in_channels: int = 3, depth: int = 28, widen_factor: int = 10,
-                 dropout: float = 0.3, fc_features: int | None = None) -> None:
+    def __init__(
+        self,
+        in_channels: int = 3,
+        depth: int = 28,
+        widen_factor: int = 10,
+        dropout: float = 0.3,
+        fc_features: int | None = None,
+    ) -> None:
         super().__init__()
         if (depth - 4) % 6 != 0 or depth < 10:
             raise ValueError(f"WideResNet depth must be 6n+4 with n >= 1, got {depth}")
@@ -48,15 +54,18 @@ class WideResNet(Backbone):
         cin = widths[0]
         for g, w in enumerate(widths[1:]):
             for j in range(n):
-                layers.append(WideBasic(cin, w, stride=2 if (g > 0 and j == 0) else 1,
-                                        dropout=dropout))
+                layers.append(
+                    WideBasic(cin, w, stride=2 if (g > 0 and j == 0) else 1, dropout=dropout)
+                )
                 cin = w
         self.layers = nn.Sequential(*layers)
-        self.post = nn.Sequential(nn.BatchNorm2d(cin), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                  nn.Flatten())  # (B, cin)
+        self.post = nn.Sequential(
+            nn.BatchNorm2d(cin), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+        )  # (B, cin)
         fc = fc_features or cin
-        self.fc = nn.Sequential(nn.Linear(cin, fc), nn.BatchNorm1d(fc), nn.ReLU(),
-                                nn.Dropout(dropout))
+        self.fc = nn.Sequential(
+            nn.Linear(cin, fc), nn.BatchNorm1d(fc), nn.ReLU(), nn.Dropout(dropout)
+        )
         self.out_features = fc
         self.head = HeadSpec(hidden=(), activation="relu", dropout=0.0)
 
@@ -66,8 +75,18 @@ class WideResNet(Backbone):
 
 
 @register_backbone("wrn28_10")
-def wrn28_10(in_channels: int = 3, dropout: float = 0.3, depth: int = 28, widen_factor: int = 10,
-             fc_features: int | None = None) -> WideResNet:
+def wrn28_10(
+    in_channels: int = 3,
+    dropout: float = 0.3,
+    depth: int = 28,
+    widen_factor: int = 10,
+    fc_features: int | None = None,
+) -> WideResNet:
     """WideResNet-28-10 (SI S3.1); pass ``depth=10, widen_factor=1`` for a tiny test variant."""
-    return WideResNet(in_channels=in_channels, depth=depth, widen_factor=widen_factor,
-                      dropout=dropout, fc_features=fc_features)
+    return WideResNet(
+        in_channels=in_channels,
+        depth=depth,
+        widen_factor=widen_factor,
+        dropout=dropout,
+        fc_features=fc_features,
+    )

@@ -17,6 +17,7 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("device", str, "auto, cpu, cuda, cuda:N, mps (VGE_DEVICE; default auto)"),
     ("max_batch_size", int, "images per forward pass (VGE_MAX_BATCH_SIZE; default 32)"),
     ("max_queue_delay_ms", float, "max wait to fill a batch (VGE_MAX_QUEUE_DELAY_MS; default 5)"),
+    ("batch_wait", str, "adaptive or always (VGE_BATCH_WAIT; default adaptive)"),
     ("max_queue_length", int, "queued images before 503 (VGE_MAX_QUEUE_LENGTH; default 512)"),
     ("request_timeout_s", float, "default per-request deadline (VGE_REQUEST_TIMEOUT_S; 10)"),
     ("abstain_k", float, "default abstain_k (VGE_ABSTAIN_K; default: model's calibrated)"),

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     def on_event(e: dict[str, Any]) -> None:
         if args.quiet:
             return
-        if e["type"] == "epoch":
+        if e["type"] == "epoch" and not sys.stderr.isatty():  # a terminal shows tqdm's lines
             print(
                 f"epoch {e['epoch']}: train_loss {e['train_loss']:.4f} val_loss "
                 f"{e['val_loss']:.4f} val_acc {e['val_accuracy']:.4f}",

@@ -84,16 +84,17 @@ async def predict(
     the prediction and abstain from the raw members p unless ``vgmu_on=q``.
     """
     model = state.models.get()
-    blobs, body_options = await _read_payload(request, state)
-    try:
-        opts = PredictOptions.model_validate(
-            {**query.model_dump(exclude_unset=True), **body_options}
-        )
-    except ValidationError as exc:
-        raise _invalid(exc) from None
-    if state.decode_pool is None:
+    if state.batcher is None or state.decode_pool is None:
         raise NotReady("the service is starting")
-    x = await images_to_batch(blobs, model.predictor, state.settings, state.decode_pool)
+    with state.batcher.incoming():
+        blobs, body_options = await _read_payload(request, state)
+        try:
+            opts = PredictOptions.model_validate(
+                {**query.model_dump(exclude_unset=True), **body_options}
+            )
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        x = await images_to_batch(blobs, model.predictor, state.settings, state.decode_pool)
     results = await infer(
         state,
         model,

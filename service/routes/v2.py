@@ -271,8 +271,11 @@ async def _infer(model: LoadedModel, request: Request, state: State) -> dict[str
         if unknown:
             raise BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
     abstain_k, vgmu_on, timeout_s = _parameters(body)
-    arr = _input_tensor(body, binary, state.settings.max_images)
-    x = await _to_model_input(arr, body["inputs"][0]["datatype"], model, state)
+    if state.batcher is None:
+        raise NotReady("the service is starting")
+    with state.batcher.incoming():
+        arr = _input_tensor(body, binary, state.settings.max_images)
+        x = await _to_model_input(arr, body["inputs"][0]["datatype"], model, state)
     results = await infer(
         state,
         model,

@@ -13,9 +13,12 @@ Both servers are stopped by their own PID.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -133,6 +136,28 @@ def test_dashboard_queries_only_metrics_the_service_exports(vge_server):
         assert names, f"{title}: no metric in {expr!r}"
         missing = names - exported
         assert not missing, f"panel {title!r} queries {sorted(missing)}, not exported by /metrics"
+
+
+def _dockerfile_healthcheck() -> list[str]:
+    """The exec-form command of the Dockerfile's HEALTHCHECK."""
+    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text())
+    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("HEALTHCHECK")]
+    return json.loads(line[line.index("CMD") + 3 :].strip())
+
+
+def test_dockerfile_healthcheck_probe_against_the_service(vge_server):
+    """The image's HEALTHCHECK command, run as written (python on PATH = this interpreter): healthy
+    (exit 0) against the running service, unhealthy (exit 1) against a closed port."""
+    cmd = _dockerfile_healthcheck()
+    assert cmd[0] == "python"
+    cmd = [sys.executable, *cmd[1:]]
+    port = vge_server.rsplit(":", 1)[1]
+    env = {**os.environ, "VGE_PORT": port}
+    ok = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert ok.returncode == 0, ok.stderr
+    env["VGE_PORT"] = str(free_port())
+    bad = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert bad.returncode == 1, (bad.returncode, bad.stderr)
 
 
 # --------------------------------------------------------------------------------------------

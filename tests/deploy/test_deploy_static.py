@@ -56,7 +56,18 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _compose(*args: str, env_file: Path = ENV_EXAMPLE, files=(COMPOSE,)):
+@pytest.fixture(scope="module")
+def env_file(tmp_path_factory) -> Path:
+    """.env.example with the one value a user must fill in (the API key) filled in."""
+    lines = ENV_EXAMPLE.read_text().splitlines()
+    assert "VGE_API_KEY=" in lines, ".env.example must leave VGE_API_KEY for the user to set"
+    path = tmp_path_factory.mktemp("compose") / ".env"
+    key = "VGE_API_KEY=ci-test-key-0123"
+    path.write_text("\n".join(key if ln == "VGE_API_KEY=" else ln for ln in lines) + "\n")
+    return path
+
+
+def _compose(*args: str, env_file: Path, files=(COMPOSE,)):
     cmd = [
         find_tool("docker-compose"),
         "--project-directory",
@@ -69,8 +80,8 @@ def _compose(*args: str, env_file: Path = ENV_EXAMPLE, files=(COMPOSE,)):
     return run_tool([*cmd, *args], env=_clean_env())
 
 
-def _compose_json(files) -> dict:
-    res = _compose("config", "--format", "json", files=files)
+def _compose_json(files, env_file: Path) -> dict:
+    res = _compose("config", "--format", "json", files=files, env_file=env_file)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -81,24 +92,27 @@ def _compose_json(files) -> dict:
 
 
 @pytest.mark.parametrize("files", [(COMPOSE,), (COMPOSE, COMPOSE_CPU)], ids=["gpu", "cpu-override"])
-def test_compose_config_is_valid(files):
-    res = _compose("config", "-q", files=files)
+def test_compose_config_is_valid(files, env_file):
+    res = _compose("config", "-q", files=files, env_file=env_file)
     assert res.returncode == 0, f"docker-compose config failed:\n{res.stderr}"
 
 
 def test_compose_refuses_to_start_without_api_key(tmp_path):
     empty = tmp_path / "empty.env"
     empty.write_text("")
-    res = _compose("config", "-q", env_file=empty)
-    assert res.returncode != 0
-    assert "VGE_API_KEY" in res.stderr
+    for env in (empty, ENV_EXAMPLE):  # unset, and the example's empty value copied unchanged
+        res = _compose("config", "-q", env_file=env)
+        assert res.returncode != 0
+        assert "VGE_API_KEY" in res.stderr
 
 
-def test_compose_gpu_service_shape():
-    cfg = _compose_json((COMPOSE,))
+def test_compose_gpu_service_shape(env_file):
+    cfg = _compose_json((COMPOSE,), env_file)
     services = cfg["services"]
     assert set(services) >= {"vge", "prometheus", "grafana"}
     vge = services["vge"]
+    build = Path(vge["build"]["context"])
+    assert build == REPO and (build / vge["build"]["dockerfile"]).resolve() == DOCKERFILE
 
     devices = vge["deploy"]["resources"]["reservations"]["devices"]
     assert any(
@@ -107,7 +121,7 @@ def test_compose_gpu_service_shape():
     env = vge["environment"]
     assert env["VGE_DEVICE"] == "cuda"
     assert env["VGE_HOST"] == "0.0.0.0"
-    assert env["VGE_API_KEY"]  # interpolated from the env file
+    assert env["VGE_API_KEY"] == "ci-test-key-0123"  # interpolated from the env file
     assert "VGE_MODEL_DIR" not in env or env["VGE_MODEL_DIR"], "empty VGE_MODEL_DIR means '.'"
 
     # job database and the models root live on the named volume
@@ -130,9 +144,9 @@ def test_compose_gpu_service_shape():
     assert published >= {(8000, "8000"), (9090, "9090"), (3000, "3000")}
 
 
-def test_compose_cpu_override_drops_gpu_and_keeps_the_rest():
-    gpu = _compose_json((COMPOSE,))["services"]["vge"]
-    cpu = _compose_json((COMPOSE, COMPOSE_CPU))["services"]["vge"]
+def test_compose_cpu_override_drops_gpu_and_keeps_the_rest(env_file):
+    gpu = _compose_json((COMPOSE,), env_file)["services"]["vge"]
+    cpu = _compose_json((COMPOSE, COMPOSE_CPU), env_file)["services"]["vge"]
     assert not cpu.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")
     assert cpu["environment"]["VGE_DEVICE"] == "cpu"
     assert {k: v for k, v in cpu["environment"].items() if k != "VGE_DEVICE"} == {
@@ -142,8 +156,8 @@ def test_compose_cpu_override_drops_gpu_and_keeps_the_rest():
     assert cpu["healthcheck"] == gpu["healthcheck"]
 
 
-def test_compose_bind_mounts_exist_and_match_configs():
-    services = _compose_json((COMPOSE,))["services"]
+def test_compose_bind_mounts_exist_and_match_configs(env_file):
+    services = _compose_json((COMPOSE,), env_file)["services"]
     for name, svc in services.items():
         for m in svc.get("volumes", []):
             if m["type"] == "bind":
@@ -163,19 +177,19 @@ def test_compose_bind_mounts_exist_and_match_configs():
     assert home == f"{dash_path}/{DASHBOARD.name}"
 
 
-def test_compose_service_env_is_valid_settings():
+def test_compose_service_env_is_valid_settings(env_file):
     """Every VGE_* variable compose passes is a real setting and validates (extra='forbid')."""
     from service.settings import Settings
 
-    env = _compose_json((COMPOSE, COMPOSE_CPU))["services"]["vge"]["environment"]
+    env = _compose_json((COMPOSE, COMPOSE_CPU), env_file)["services"]["vge"]["environment"]
     vge_env = {k: v for k, v in env.items() if k.startswith("VGE_")}
     fields = {f"VGE_{name.upper()}" for name in Settings.model_fields}
     assert set(vge_env) <= fields, f"unknown settings: {set(vge_env) - fields}"
     Settings(**{k[4:].lower(): v for k, v in vge_env.items()})
 
 
-def test_prometheus_scrapes_the_compose_service():
-    services = _compose_json((COMPOSE,))["services"]
+def test_prometheus_scrapes_the_compose_service(env_file):
+    services = _compose_json((COMPOSE,), env_file)["services"]
     port = int(services["vge"]["environment"]["VGE_PORT"])
     cfg = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     job = next(j for j in cfg["scrape_configs"] if j["job_name"] == "vge")
@@ -265,14 +279,21 @@ def test_torch_pins_match_pyproject():
 
 
 def test_dockerignore_keeps_what_the_build_copies():
-    ignored = {
+    patterns = [
         line.strip()
         for line in (REPO / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
-    }
-    for needed in ("models", "service", "pyproject.toml", "README.md"):
-        assert needed not in ignored and f"{needed}/" not in ignored
-    assert {".git", ".venv"} <= ignored
+    ]
+    for kept in (
+        "pyproject.toml", "README.md", "models/zoo/m/model.safetensors", "models/data/mnist-8k.npz",
+        "service/cli/serve.py",
+    ):  # fmt: skip
+        assert not _dockerignored(kept, patterns), kept
+    for dropped in (
+        ".git/HEAD", ".venv/bin/python", "models/nets/__pycache__/lenet.cpython-311.pyc",
+        "tests/deploy/test_deploy_static.py", ".env", "var/jobs.sqlite3",
+    ):  # fmt: skip
+        assert _dockerignored(dropped, patterns), dropped
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,3 +361,67 @@ def test_dashboard_covers_the_issue_and_the_metric_contract():
         assert any(u == name or u.startswith(name + "_") for u in used), (
             f"{name} not on the dashboard"
         )
+
+
+def _dockerignored(rel: str, patterns: list[str]) -> bool:
+    """Whether ``rel`` is excluded by .dockerignore ``patterns``: a pattern matching the path or
+    any parent directory excludes it, ``**/`` matches at any depth, a later ``!`` re-includes.
+    (fnmatch's ``*`` also crosses ``/``, so this errs towards excluding: stricter, not laxer.)"""
+    import fnmatch
+
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for raw in patterns:
+        neg = raw.startswith("!")
+        pat = raw.lstrip("!").strip("/")
+        tails = [pat[3:], "*/" + pat[3:]] if pat.startswith("**/") else [pat]
+        if any(fnmatch.fnmatchcase(p, t) for p in prefixes for t in tails):
+            excluded = not neg
+    return excluded
+
+
+def test_build_context_builds_a_wheel_with_the_default_model(tmp_path):
+    """Layer 3 of the Dockerfile, without Docker: the files it COPYs (as .dockerignore leaves
+    them) build the package, and the wheel carries the shipped default model as package data."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    from models.zoo import DEFAULT_MODEL, default_model_dir
+
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    copies = re.findall(r"^COPY\s+(.+?)\s+\S+\s*$", DOCKERFILE.read_text(), flags=re.M)
+    sources = [src for line in copies for src in line.split()]
+    assert {"pyproject.toml", "README.md", "models", "service"} <= set(sources)
+
+    missing = [src for src in sources if not (REPO / src).exists()]
+    assert not missing, f"the Dockerfile COPYs {missing}, which the repository lacks"
+    assert (default_model_dir() / "model_card.json").is_file(), "no shipped default model"
+    ctx = tmp_path / "ctx"
+    for src in sources:
+        for path in [REPO / src] if (REPO / src).is_file() else sorted((REPO / src).rglob("*")):
+            rel = path.relative_to(REPO).as_posix()
+            if path.is_file() and not _dockerignored(rel, patterns):
+                (ctx / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, ctx / rel)
+    model_rel = default_model_dir().relative_to(REPO).as_posix()
+    assert (ctx / model_rel / "model_card.json").is_file(), ".dockerignore drops the default model"
+    assert not list(ctx.rglob("__pycache__"))
+
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "dist"), str(ctx)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    (wheel,) = (tmp_path / "dist").glob("vge_serve-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {p.name for p in default_model_dir().iterdir() if p.is_file()}
+    assert {f"models/zoo/{DEFAULT_MODEL}/{n}" for n in shipped} <= names
+    assert "service/cli/serve.py" in names

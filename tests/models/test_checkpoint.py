@@ -22,10 +22,21 @@ torch.set_num_threads(1)
 
 
 def _card(**kw) -> ModelCard:
-    base = dict(name="tiny", backbone="lenet5", ensemble="lle", members=3, vgn=True,
-                class_names=[str(i) for i in range(10)], in_channels=1, input_size=(28, 28),
-                mean=[0.13], std=[0.31], data_fingerprint="f" * 64, metrics={"test_accuracy": 0.5},
-                abstain_calibration={"abstain_k": 0.7, "curve": []})
+    base = dict(
+        name="tiny",
+        backbone="lenet5",
+        ensemble="lle",
+        members=3,
+        vgn=True,
+        class_names=[str(i) for i in range(10)],
+        in_channels=1,
+        input_size=(28, 28),
+        mean=[0.13],
+        std=[0.31],
+        data_fingerprint="f" * 64,
+        metrics={"test_accuracy": 0.5},
+        abstain_calibration={"abstain_k": 0.7, "curve": []},
+    )
     base.update(kw)
     return ModelCard(**base)
 

@@ -26,8 +26,14 @@ def _x(n=4):
 
 @pytest.mark.parametrize(
     ("kind", "vgn", "m_eval"),
-    [("de", True, 3), ("de", False, 3), ("lle", True, 3), ("lle", False, 3), ("mcd", False, 3),
-     ("mcd-lle", False, 6)],
+    [
+        ("de", True, 3),
+        ("de", False, 3),
+        ("lle", True, 3),
+        ("lle", False, 3),
+        ("mcd", False, 3),
+        ("mcd-lle", False, 6),
+    ],
 )
 def test_output_contract(kind, vgn, m_eval):
     torch.manual_seed(0)
@@ -135,8 +141,9 @@ def test_vgn_k_is_learned_through_the_ensemble():
 
 def test_mcd_is_stochastic_at_inference_with_batchnorm_frozen():
     torch.manual_seed(0)
-    mcd = build_ensemble("mcd", "resnet18", 5, 4, in_channels=1,
-                         backbone_kwargs={**TINY_RES, "dropout": 0.3})
+    mcd = build_ensemble(
+        "mcd", "resnet18", 5, 4, in_channels=1, backbone_kwargs={**TINY_RES, "dropout": 0.3}
+    )
     assert isinstance(mcd, MCDropoutEnsemble)
     mcd.train()
     assert mcd(_x()).p.shape == (4, 1, 5)  # one stochastic pass while training

@@ -41,11 +41,15 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
         _error(c.post("/v1/predict", json={"images": [b64], "abstain_k": 101}), 422, "abstain_k")
         _error(c.post("/v1/predict", params={"abstain_k": -0.5}, files=[("images", ("a.png", png))]),
                422, "abstain_k")  # fmt: skip
-        _error(c.post("/v1/predict", params={"vgmu_on": "z"}, json={"images": [b64]}), 422, "vgmu_on")
+        _error(
+            c.post("/v1/predict", params={"vgmu_on": "z"}, json={"images": [b64]}), 422, "vgmu_on"
+        )
         _error(c.post("/v1/predict", params={"top_k": 0}, json={"images": [b64]}), 422, "top_k")
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.7]]]}), 422, "sum")
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]], [[1.0]]]}), 422, "probs")
-        _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]]], "abstain_k": -1}), 422, "abstain_k")
+        _error(
+            c.post("/v1/score", json={"probs": [[[0.5, 0.5]]], "abstain_k": -1}), 422, "abstain_k"
+        )
         _error(c.get("/v1/models/nope"), 404, "nope")
         _error(c.get("/v2/models/nope"), 404, "nope")
         _error(c.get("/no/such/route"), 404)
@@ -76,7 +80,9 @@ def test_auth(server: Server, path: str) -> None:
         r = c.post(path, json={})
         _error(r, 401, "missing API key")
         assert r.headers["www-authenticate"] == "Bearer"
-        _error(c.post(path, json={}, headers={"Authorization": "Bearer wrong-key-123"}), 403, "wrong")
+        _error(
+            c.post(path, json={}, headers={"Authorization": "Bearer wrong-key-123"}), 403, "wrong"
+        )
         _error(c.post(path, json={}, headers={"X-API-Key": API_KEY + "x"}), 403, "wrong")
         _error(c.get("/v1/training-jobs", headers={"Authorization": "Basic " + API_KEY}), 401)
         ok = c.get("/v1/training-jobs", headers={"X-API-Key": API_KEY})

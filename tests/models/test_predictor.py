@@ -1,0 +1,113 @@
+"""Predictor: prepare (channels, size, normalisation), forward on CPU tensors, score rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.checkpoint import ModelCard, save_checkpoint
+from models.ensembles import EnsembleOutput, build_ensemble
+from models.predictor import Predictor
+
+torch.set_num_threads(1)
+KEYS = {
+    "prediction",
+    "label",
+    "probabilities",
+    "vgmu",
+    "snr",
+    "tu",
+    "au",
+    "eu",
+    "abstain",
+    "abstain_k",
+}
+
+
+def _save(d, *, vgn: bool, in_channels: int = 1, size=(28, 28), abstain_k=0.8):
+    torch.manual_seed(0)
+    backbone = "lenet5" if in_channels == 1 else "resnet18"
+    kw = {} if in_channels == 1 else {"widths": (4, 8), "blocks": (1, 1)}
+    model = build_ensemble("lle", backbone, 4, 3, vgn, in_channels, backbone_kwargs=kw)
+    card = ModelCard(
+        name="tiny",
+        version="0.0.1",
+        backbone=backbone,
+        backbone_kwargs=kw,
+        ensemble="lle",
+        members=3,
+        vgn=vgn,
+        class_names=["a", "b", "c", "d"],
+        in_channels=in_channels,
+        input_size=size,
+        mean=[0.5] * in_channels,
+        std=[0.25] * in_channels,
+        abstain_calibration={} if abstain_k is None else {"abstain_k": abstain_k},
+    )
+    save_checkpoint(model, card, d)
+    return Predictor.from_dir(d, device="cpu")
+
+
+def test_prepare_gray_model(tmp_path):
+    pred = _save(tmp_path, vgn=True)
+    assert pred.name == "tiny" and pred.version == "0.0.1" and pred.device == torch.device("cpu")
+    img = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
+    x = pred.prepare(img)
+    assert x.shape == (1, 28, 28) and x.dtype == torch.float32
+    torch.testing.assert_close(x, (img.float() / 255 - 0.5) / 0.25)
+    rgb = torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8)
+    assert pred.prepare(rgb).shape == (1, 28, 28)
+    rgba = torch.randint(0, 256, (4, 28, 28), dtype=torch.uint8)
+    assert pred.prepare(rgba).shape == (1, 28, 28)
+    same = torch.full((3, 28, 28), 200, dtype=torch.uint8)  # gray RGB -> exact gray value
+    expect = torch.full((1, 28, 28), (200 / 255 - 0.5) / 0.25)
+    torch.testing.assert_close(pred.prepare(same), expect, atol=1.01 / 255 / 0.25, rtol=0)
+    with pytest.raises(ValueError, match="uint8"):
+        pred.prepare(img.float())
+    with pytest.raises(ValueError, match="channels"):
+        pred.prepare(torch.zeros(5, 28, 28, dtype=torch.uint8))
+
+
+def test_prepare_rgb_model_expands_gray(tmp_path):
+    pred = _save(tmp_path, vgn=False, in_channels=3, size=(32, 32))
+    gray = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
+    x = pred.prepare(gray)
+    assert x.shape == (3, 32, 32)
+    torch.testing.assert_close(x[0], x[2])
+
+
+def test_forward_and_score_vgn(tmp_path):
+    pred = _save(tmp_path, vgn=True)
+    imgs = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8)
+    x = torch.stack([pred.prepare(i) for i in imgs])
+    out = pred.forward(x)
+    assert isinstance(out, EnsembleOutput)
+    assert out.p.device.type == "cpu" and out.p.shape == (5, 3, 4) and out.q.shape == (5, 3, 4)
+    assert not out.p.requires_grad
+    torch.testing.assert_close(pred.forward(x).p, out.p)  # eval mode: deterministic
+    rows = pred.score(out, top_k=2)
+    assert len(rows) == 5
+    served = out.q.mean(1)
+    for r, s in zip(rows, served, strict=True):
+        assert set(r) == KEYS
+        assert r["abstain_k"] == 0.8  # calibrated default from the card
+        assert r["label"] == ["a", "b", "c", "d"][r["prediction"]]
+        probs = [e["probability"] for e in r["probabilities"]]
+        assert len(probs) == 2 and probs[0] >= probs[1]
+        assert probs[0] == pytest.approx(float(s.max()), abs=1e-6)  # q̄ for VGN models
+        assert 0 <= r["tu"] <= 1 + 1e-6 and isinstance(r["abstain"], bool)
+    never = pred.score(out, abstain_k=0.0)
+    assert all(not r["abstain"] and r["abstain_k"] == 0.0 for r in never)
+    always = pred.score(out, abstain_k=1e9, top_k=99)
+    assert all(r["abstain"] for r in always) and len(always[0]["probabilities"]) == 4
+
+
+def test_score_non_vgn_uses_p_mean_and_default_k(tmp_path):
+    pred = _save(tmp_path, vgn=False, abstain_k=None)
+    out = pred.forward(torch.zeros(2, 1, 28, 28))
+    assert out.q is None
+    rows = pred.score(out, top_k=1)
+    assert rows[0]["abstain_k"] == 1.0
+    assert rows[0]["probabilities"][0]["probability"] == pytest.approx(
+        float(out.p.mean(1)[0].max()), abs=1e-6
+    )

@@ -1,0 +1,224 @@
+"""Training: config validation, mixture loss, a tiny run (events, checkpoint, determinism),
+early stopping, cancellation, the `vge train` CLI, and DDP with 2 CPU processes (gloo)."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.checkpoint import load_checkpoint
+from models.ensembles import EnsembleOutput
+from models.training import TrainConfig, load_config, mixture_nll, train
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[2]
+TINY = dict(
+    max_train_samples=256, epochs=2, members=3, batch_size=64, lr=1e-3, eval_batch_size=1024
+)
+
+
+def test_config_validation_messages():
+    with pytest.raises(ValueError, match="Table 2"):
+        load_config(None, {"ensemble": "mcd", "vgn": True})
+    with pytest.raises(ValueError, match="lerning_rate: unknown field"):
+        load_config(None, {"lerning_rate": 0.1})
+    with pytest.raises(ValueError, match="dataset: must be 'mnist-bundled'"):
+        load_config(None, {"dataset": "imagenet"})
+    with pytest.raises(ValueError, match="backbone: unknown backbone; available"):
+        load_config(None, {"backbone": "vgg"})
+    with pytest.raises(ValueError, match="members: Input should be greater than or equal to 1"):
+        load_config(None, {"members": 0})
+    with pytest.raises(ValueError, match="device: must be 'cpu'"):
+        load_config(None, {"device": "tpu"})
+    with pytest.raises(ValueError, match="not found"):
+        load_config("/nonexistent.yaml")
+    cfg = TrainConfig()
+    assert (cfg.batch_size, cfg.patience, cfg.min_delta, cfg.allow_download) == (
+        128,
+        5,
+        1e-4,
+        False,
+    )
+
+
+def test_load_config_yaml_json_and_overrides(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("ensemble: de\nmembers: 4\nvgn: true\nlr: 0.0001\n")
+    cfg = load_config(y, {"members": 6, "epochs": None})
+    assert (cfg.ensemble, cfg.members, cfg.vgn, cfg.lr, cfg.epochs) == ("de", 6, True, 1e-4, 100)
+    assert cfg.model_name() == "lenet5-de-vgn-mnist"
+    j = tmp_path / "c.json"
+    j.write_text(json.dumps({"ensemble": "MCD_LLE", "members": 2}))
+    assert load_config(j).ensemble == "mcd-lle"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("members: [1,\n")
+    with pytest.raises(ValueError, match="cannot parse"):
+        load_config(bad)
+
+
+def test_mixture_nll_is_stable_and_exact():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 4, 3) * 50  # extreme logits: naive log(mean(softmax)) underflows
+    log_p = torch.log_softmax(logits, -1)
+    y = torch.tensor([0, 1, 2, 0, 1])
+    out = EnsembleOutput(log_p.exp(), None)
+    loss = mixture_nll(out, log_p, y)
+    ref = -(torch.logsumexp(log_p.double(), 1) - math.log(4)).gather(1, y[:, None]).mean()
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    members = mixture_nll(out, log_p, y, loss="members")
+    assert members.item() == pytest.approx(
+        -log_p.gather(2, y[:, None, None].expand(5, 4, 1)).mean().item(), rel=1e-5
+    )
+    q = torch.softmax(torch.randn(5, 4, 3), -1)
+    vgn = mixture_nll(EnsembleOutput(log_p.exp(), q), log_p, y)
+    assert vgn.item() == pytest.approx(-torch.log(q.mean(1).gather(1, y[:, None])).mean().item())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    events: list[dict] = []
+    cfg = TrainConfig(ensemble="lle", vgn=True, seed=3, **TINY)
+    train(cfg, out, on_event=events.append)
+    return cfg, out, events
+
+
+def test_tiny_run_events_and_checkpoint(tiny_run):
+    cfg, out, events = tiny_run
+    types = [e["type"] for e in events]
+    assert types[0] == "start" and types[-1] == "done"
+    assert types.count("epoch") == 2 and types.count("step") == 2 * 4  # 256 / 64 steps per epoch
+    steps = [e for e in events if e["type"] == "step"]
+    assert [e["step"] for e in steps] == list(range(1, 9))
+    assert all(e["total_steps"] == 8 and e["eta_s"] >= 0 and e["train_loss"] > 0 for e in steps)
+    ep = [e for e in events if e["type"] == "epoch"]
+    assert all(0 <= e["val_accuracy"] <= 1 and e["val_loss"] > 0 for e in ep)
+    model, card = load_checkpoint(out)
+    assert card.ensemble == "lle" and card.vgn and card.members == 3 and len(card.learned_k) == 10
+    assert card.learned_k != pytest.approx([math.log(2) + 1e-8] * 10)  # k was trained
+    assert card.data_fingerprint and card.mean and card.input_size == (28, 28)
+    assert 0 <= card.metrics["test_accuracy"] <= 1 and card.metrics["n_test"] == 1600
+    assert card.training["config"]["seed"] == 3 and card.training["epochs_run"] == 2
+    assert events[-1]["test_accuracy"] == card.metrics["test_accuracy"]
+
+
+def test_training_is_deterministic(tiny_run, tmp_path):
+    cfg, out, _ = tiny_run
+    train(cfg, tmp_path)
+    a = json.loads((out / "model_card.json").read_text())
+    b = json.loads((tmp_path / "model_card.json").read_text())
+    assert a["weights_sha256"] == b["weights_sha256"]
+
+
+def test_early_stopping_and_cancellation(tmp_path):
+    cfg = TrainConfig(
+        ensemble="lle",
+        patience=1,
+        min_delta=1.0,
+        **{**TINY, "lr": 1e-9, "epochs": 10, "members": 2},
+    )
+    events: list[dict] = []
+    train(cfg, tmp_path / "es", on_event=events.append)
+    assert [e["epoch"] for e in events if e["type"] == "epoch"] == [1, 2]  # no 1.0 improvement
+    _, card = load_checkpoint(tmp_path / "es")
+    assert card.training["best_epoch"] == 1 and card.training["epochs_run"] == 2
+
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] >= 3
+
+    events = []
+    cfg = TrainConfig(ensemble="mcd", **{**TINY, "epochs": 5})
+    train(cfg, tmp_path / "c", on_event=events.append, should_stop=stop)
+    assert events[-1]["type"] == "done" and events[-1]["cancelled"] is True
+    assert sum(e["type"] == "step" for e in events) == 3
+    assert load_checkpoint(tmp_path / "c")[1].training["cancelled"] is True
+
+
+def test_de_with_batchnorm_trains(tmp_path):
+    cfg = TrainConfig(
+        ensemble="de",
+        backbone="resnet18",
+        backbone_kwargs={"widths": [4, 8], "blocks": [1, 1], "dropout": 0.1},
+        **{**TINY, "epochs": 1, "members": 2, "max_train_samples": 128},
+    )
+    train(cfg, tmp_path)
+    model, card = load_checkpoint(tmp_path)
+    assert card.ensemble == "de" and card.learned_k is None
+    rm = model.buf__backbone__stem__1__running_mean
+    assert rm.abs().sum() > 0 and not torch.allclose(rm[0], rm[1])
+
+
+def _vge(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_cli_bad_config_exits_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ensemble: mcd\nvgn: true\n")
+    r = _vge("train", "--config", str(bad), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "vgn" in lines[0] and "Traceback" not in r.stderr
+    r = _vge("train", "--out", str(tmp_path / "o"), "--members", "0")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ddp_two_cpu_processes_gloo(tmp_path):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(
+        json.dumps({**TINY, "ensemble": "lle", "vgn": True, "epochs": 1, "device": "cpu"})
+    )
+    out = tmp_path / "ddp"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "service.cli",
+            "train",
+            "--config",
+            str(cfg),
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    _, card = load_checkpoint(out)
+    assert card.training["world_size"] == 2
+    # each rank sees half of the 256 training images per epoch: 2 steps of 64
+    assert card.training["history"][0]["epoch"] == 1
+    assert len(list(out.iterdir())) == 2  # only rank 0 wrote: weights + card

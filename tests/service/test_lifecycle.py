@@ -1,0 +1,145 @@
+"""Queue policy (503 + Retry-After, 504 deadlines), hot swap under load, graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import API_KEY, Server, start_server
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
+    """Batches always wait 400 ms for more requests; the queue holds 4 images."""
+    srv = start_server(
+        tmp_path_factory.mktemp("slow"), tiny_model,
+        max_batch_size=64, max_queue_delay_ms=400, batch_wait="always", max_queue_length=4,
+        max_images=4,
+    )  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def _files(pngs: list[bytes], n: int) -> list:
+    return [("images", (f"{i}.png", pngs[i])) for i in range(n)]
+
+
+def test_overload_gives_503_with_retry_after(slow_server: Server, pngs: list[bytes]) -> None:
+    results: dict[str, httpx.Response] = {}
+
+    def first() -> None:  # fills the queue (4 images) and waits 400 ms for its batch
+        results["first"] = httpx.post(slow_server.url + "/v1/predict", files=_files(pngs, 4),
+                                      timeout=30)  # fmt: skip
+
+    t = threading.Thread(target=first)
+    t.start()
+    deadline = time.monotonic() + 5
+    while slow_server.metric("vge_queue_depth", model="tiny") < 4:
+        assert time.monotonic() < deadline, "first request never queued"
+        time.sleep(0.01)
+    r = httpx.post(slow_server.url + "/v1/predict", files=_files(pngs, 1), timeout=30)
+    t.join()
+    assert r.status_code == 503, r.text
+    assert int(r.headers["retry-after"]) >= 1
+    assert "queue is full" in r.json()["error"]
+    assert results["first"].status_code == 200 and len(results["first"].json()["results"]) == 4
+    assert slow_server.metric("vge_rejections_total", reason="queue_full") >= 1
+
+
+def test_deadline_gives_504_before_compute(slow_server: Server, pngs: list[bytes]) -> None:
+    before = slow_server.metric("vge_batch_size_count", model="tiny")
+    t0 = time.monotonic()
+    r = httpx.post(slow_server.url + "/v1/predict", params={"timeout_s": 0.05},
+                   files=_files(pngs, 1), timeout=30)  # fmt: skip
+    assert r.status_code == 504, r.text
+    assert time.monotonic() - t0 < 0.35  # answered at its deadline, not after the 400 ms batch
+    assert "deadline" in r.json()["error"]
+    time.sleep(0.5)
+    assert slow_server.metric("vge_batch_size_count", model="tiny") == before  # never computed
+    assert slow_server.metric("vge_rejections_total", reason="deadline") >= 1
+    assert slow_server.metric("vge_queue_depth", model="tiny") == 0
+
+
+def test_hot_swap_under_load_has_zero_failures(server: Server, pngs: list[bytes]) -> None:
+    admin = {"X-API-Key": API_KEY}
+    stop = asyncio.Event()
+
+    async def load(client: httpx.AsyncClient, i: int, seen: list) -> None:
+        while not stop.is_set():
+            r = await client.post("/v1/predict", files=[("images", ("a.png", pngs[i % 64]))])
+            seen.append((r.status_code, r.json().get("model_version")))
+
+    async def main() -> list:
+        seen: list = []
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            workers = [asyncio.create_task(load(client, i, seen)) for i in range(8)]
+            await asyncio.sleep(0.5)
+            r = await client.post("/v1/models/promote", json={"model": "tiny-v2"}, headers=admin)
+            assert r.status_code == 200, r.text
+            assert r.json()["model"]["version"] == "2.0.0"
+            await asyncio.sleep(0.5)
+            r = await client.post("/v1/models/reload", headers=admin)
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(0.3)
+            r = await client.post("/v1/models/promote", json={"model": "tiny-v1"}, headers=admin)
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(0.3)
+            stop.set()
+            await asyncio.gather(*workers)
+        return seen
+
+    seen = asyncio.run(main())
+    statuses = [s for s, _ in seen]
+    versions = [v for _, v in seen]
+    assert len(seen) > 20
+    assert statuses.count(200) == len(seen), f"failed during swap: {set(statuses)}"
+    assert "2.0.0" in versions and versions[0] == "1.0.0" and versions[-1] == "1.0.0"
+    assert server.metric("vge_model_load_seconds_count") >= 4
+
+
+def test_sigterm_drains_without_dropping(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes]
+) -> None:
+    srv = start_server(
+        tmp_path_factory.mktemp("drain"), tiny_model,
+        max_batch_size=64, max_queue_delay_ms=1500, batch_wait="always", max_queue_length=64,
+        shutdown_grace_s=20,
+    )  # fmt: skip
+    n = 12
+    responses: list[httpx.Response | Exception] = []
+
+    def one(i: int) -> None:
+        try:
+            responses.append(httpx.post(srv.url + "/v1/predict",
+                                        files=[("images", ("a.png", pngs[i]))], timeout=30))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            responses.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while srv.metric("vge_queue_depth", model="tiny") < n:
+        assert time.monotonic() < deadline, "requests never queued"
+        time.sleep(0.02)
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    # new work is not admitted: readiness is false or the listener is closed
+    try:
+        late = httpx.get(srv.url + "/readyz", timeout=2)
+        assert late.status_code == 503
+    except httpx.TransportError:
+        pass
+    for t in threads:
+        t.join(30)
+    assert srv.proc.wait(30) == 0, srv.log()
+    assert len(responses) == n
+    bad = [r for r in responses if not isinstance(r, httpx.Response) or r.status_code != 200]
+    assert not bad, bad
