@@ -40,7 +40,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
         torch.set_num_threads(threads)
     state.decode_pool = ThreadPoolExecutor(settings.decode_workers, thread_name_prefix="vge-decode")
-    model = await state.models.load_initial()
+    try:
+        model = await state.models.load_initial()
+    except Exception as exc:
+        log.error("vge serve: cannot load the model: %s: %s", type(exc).__name__, exc)
+        raise
     state.batcher = Batcher(
         max_batch_size=settings.max_batch_size,
         max_delay_s=settings.max_queue_delay_s,

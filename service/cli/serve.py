@@ -60,11 +60,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"])
-            print(f"vge serve: invalid setting {loc or ''}: {err['msg']}".replace("  ", " "),
-                  file=sys.stderr)  # fmt: skip
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or 'settings'}: "
+            f"{err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
+        )
+        print(f"vge serve: error: invalid settings: {problems}", file=sys.stderr)
         return 2
+    if settings.model_dir is None:
+        from service.model_manager import default_model_dir
+
+        if not default_model_dir().is_dir():
+            print(
+                f"vge serve: error: the shipped default model is missing at {default_model_dir()};"
+                " pass --model-dir (or VGE_MODEL_DIR)",
+                file=sys.stderr,
+            )
+            return 2
     from service.server import run as serve
 
     serve(settings)
