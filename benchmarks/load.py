@@ -238,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Model {model_name} on {args.device}; one 28×28 PNG per request (multipart "
         f"/v1/predict); closed-loop clients on the same host over loopback, "
         f"{args.duration:g} s per level. Batching on: max batch {args.max_batch}, max delay "
-        f"{args.delay_ms:g} ms; off: max batch 1. Mean batch from `vge_batch_size`; server time: mean `vge_request_duration_seconds` (request in the app, excluding the socket and HTTP parsing in uvicorn).\n",
+        f"{args.delay_ms:g} ms; off: max batch 1. Server torch threads: "
+        f"{args.torch_threads or 'auto (half the logical CPUs on CPU)'}; the client is a minimal "
+        "keep-alive HTTP/1.1 loop sharing the same CPUs. Mean batch from `vge_batch_size`; server time: mean `vge_request_duration_seconds` (request in the app, excluding the socket and HTTP parsing in uvicorn).\n",
         "| batching | concurrency | throughput (req/s) | p50 (ms) | p95 (ms) | p99 (ms) "
         "| mean batch | server time (ms) | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -125,8 +125,9 @@ class Batcher:
         return self._rows
 
     def stop_admitting(self) -> None:
-        """Refuse new requests (503) from now on; queued ones still run."""
+        """Refuse new requests (503) from now on; queued ones run at once (no more will come)."""
         self._admitting = False
+        self._wakeup.set()
 
     async def drain(self, timeout_s: float) -> None:
         """Stop admitting, flush the queue without waiting for more, and stop the loop.
@@ -280,7 +281,7 @@ class Batcher:
             first = self._pending[0]
             flush_at = first.enqueued + self.max_delay_s
             while (
-                not self._closing
+                self._admitting
                 and first.state is _State.QUEUED
                 and (self.wait_always or self._incoming > 0)
                 and self._rows_for(first.predictor) < self.max_batch_size

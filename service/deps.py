@@ -26,15 +26,16 @@ class ServiceState:
     jobs: JobManager | None = None
     decode_pool: ThreadPoolExecutor | None = None
     draining: bool = False
+    drain_started: float | None = None  # time.monotonic() of SIGTERM, when the server drains
     started: bool = field(default=False)
 
 
-def get_state(request: Request) -> ServiceState:
-    """The app's :class:`ServiceState`."""
+async def get_state(request: Request) -> ServiceState:
+    """The app's :class:`ServiceState` (async: FastAPI would run a sync dependency in a thread)."""
     return request.app.state.service
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     """The app's settings."""
     return request.app.state.settings
 

@@ -60,23 +60,22 @@ class LoadedModel:
         return float(k) if k is not None else None
 
     def describe(self) -> dict[str, Any]:
-        """JSON for ``GET /v1/models``."""
+        """JSON for ``GET /v1/models`` (no filesystem paths: the endpoint is unauthenticated)."""
         card = self.card
-        card_json = card.model_dump(mode="json") if hasattr(card, "model_dump") else dict(card)
         return {
             "name": self.name,
             "version": self.version,
+            "description": getattr(card, "description", ""),
             "classes": self.class_names,
-            "ensemble_kind": card_json.get("ensemble"),
-            "members": card_json.get("members"),
-            "vgn": card_json.get("vgn"),
+            "ensemble_kind": getattr(card, "ensemble", None),
+            "members": getattr(card, "members", None),
+            "vgn": getattr(card, "vgn", None),
             "device": self.device,
             "abstain_k": self.calibrated_abstain_k,
-            "metrics": card_json.get("metrics", {}),
+            "metrics": getattr(card, "metrics", {}),
             "input_shape": list(self.input_shape),
-            "model_dir": str(self.model_dir),
+            "created_at": getattr(card, "created_at", None),
             "loaded_at": self.loaded_at,
-            "card": card_json,
         }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from types import FrameType
 
 import uvicorn
@@ -28,6 +29,8 @@ class GracefulServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """Signal handler: begin draining (not ready, admit nothing), then let uvicorn shut down."""
         self.state.draining = True
+        if self.state.drain_started is None:
+            self.state.drain_started = time.monotonic()
         if self.state.batcher is not None:
             self.state.batcher.stop_admitting()
         if self.should_exit and sig == signal.SIGINT:

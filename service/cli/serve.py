@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from service.settings import Settings
 
 _FLAGS: list[tuple[str, type, str]] = [
     ("host", str, "interface to bind (VGE_HOST; default 127.0.0.1)"),
@@ -52,13 +55,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace) -> int:
-    """Build settings (env + flags), then serve until SIGTERM."""
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """``VGE_*`` environment variables, overridden by the flags given (raises ValidationError)."""
     from service.settings import Settings
 
     overrides = {n: getattr(args, n) for n, _, _ in _FLAGS if getattr(args, n, None) is not None}
+    return Settings(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build settings (env + flags), then serve until SIGTERM."""
     try:
-        settings = Settings(**overrides)
+        settings = settings_from_args(args)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(x) for x in err['loc']) or 'settings'}: "

@@ -75,7 +75,7 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(workdir: Path, model_dir: Path, **settings: object) -> Server:
+def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> Server:
     """Start ``vge serve`` with ``settings`` (as VGE_* env vars) and wait until it is ready."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
@@ -83,7 +83,6 @@ def start_server(workdir: Path, model_dir: Path, **settings: object) -> Server:
         {
             "VGE_HOST": "127.0.0.1",
             "VGE_PORT": str(port),
-            "VGE_MODEL_DIR": str(model_dir),
             "VGE_DEVICE": "cpu",
             "VGE_JOBS_DB_URL": f"sqlite:///{workdir / 'jobs.sqlite3'}",
             "VGE_JOBS_DIR": str(workdir / "jobs"),
@@ -95,6 +94,8 @@ def start_server(workdir: Path, model_dir: Path, **settings: object) -> Server:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if model_dir is not None:
+        env["VGE_MODEL_DIR"] = str(model_dir)
     env.update({f"VGE_{k.upper()}": str(v) for k, v in settings.items()})
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / f"server-{port}.log"

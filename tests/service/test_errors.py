@@ -105,3 +105,14 @@ def test_admin_errors(server: Server) -> None:
         _error(c.post("/v1/training-jobs", json={"dataset": "imagefolder:../../etc"}), 422,
                "outside the data root")  # fmt: skip
         _error(c.post("/v1/training-jobs", json={"data_root": "/"}), 422, "data_root")
+
+
+def test_chunked_body_over_limit_is_413(server: Server) -> None:
+    def chunks():  # no Content-Length: the limit is enforced while streaming
+        for _ in range(50):
+            yield b"\0" * 10_000
+
+    with server.client() as c:
+        r = c.post("/v1/predict", content=chunks(), headers={"content-type": "application/json"})
+        _error(r, 413, "limit")
+        assert c.get("/healthz").status_code == 200

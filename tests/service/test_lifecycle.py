@@ -143,3 +143,25 @@ def test_sigterm_drains_without_dropping(
     assert len(responses) == n
     bad = [r for r in responses if not isinstance(r, httpx.Response) or r.status_code != 200]
     assert not bad, bad
+
+
+def test_serves_shipped_default_model_without_arguments(
+    tmp_path_factory: pytest.TempPathFactory, pngs: list[bytes]
+) -> None:
+    from models.zoo import default_model_dir
+
+    if not default_model_dir().is_dir():
+        pytest.skip("the shipped default model is not built yet")
+    from models.predictor import Predictor
+
+    srv = start_server(tmp_path_factory.mktemp("default"), None)
+    try:
+        card = Predictor.from_dir(default_model_dir(), device="cpu").card
+        with srv.client() as c:
+            info = c.get("/v1/models").json()["models"][0]
+            r = c.post("/v1/predict", files=[("images", ("a.png", pngs[0]))])
+        assert info["name"] == card.name and info["device"] == "cpu"
+        assert r.status_code == 200 and r.json()["model"] == card.name
+        assert f"model {card.name}" in srv.log() and "listening on http://127.0.0.1:" in srv.log()
+    finally:
+        assert srv.stop() == 0

@@ -46,14 +46,13 @@ def test_v2_round_trip(server: Server, mnist, library, pngs: list[bytes], binary
     client.close()
 
 
-def test_v2_fp32_prepared_input(server: Server, library, pngs: list[bytes]) -> None:
+def test_v2_fp32_prepared_input(server: Server, library, pngs: list[bytes], tiny_model) -> None:
     import torch
     from torchvision.io import decode_image
 
     from models.predictor import Predictor
 
-    info = httpx.get(server.url + "/v1/models").json()["models"][0]
-    predictor = Predictor.from_dir(info["model_dir"], device="cpu")
+    predictor = Predictor.from_dir(tiny_model, device="cpu")
     x = torch.stack([predictor.prepare(decode_image(torch.frombuffer(bytearray(p), dtype=torch.uint8)))
                      for p in pngs[:3]]).numpy()  # fmt: skip
     client = _client(server)
