@@ -23,7 +23,10 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 class Settings(BaseSettings):
     """Service configuration; ``VGE_<NAME>`` environment variables, overridden by CLI flags."""
 
-    model_config = SettingsConfigDict(env_prefix="VGE_", extra="forbid", validate_default=True)
+    # env_ignore_empty: `VGE_MODEL_DIR=` (e.g. from an .env template) means "unset", not the cwd.
+    model_config = SettingsConfigDict(
+        env_prefix="VGE_", extra="forbid", validate_default=True, env_ignore_empty=True
+    )
 
     # --- network -----------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Interface to bind (0.0.0.0 for all).")
