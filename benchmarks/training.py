@@ -10,29 +10,25 @@ Measures, on this machine's CPU (or ``--device``):
 
 Usage::
 
-    python benchmarks/training.py [--threads 2] [--repeats 30] [--append docs/benchmarks.md]
+    python -m benchmarks.training [--threads 2] [--repeats 30] [--write]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from models.ensembles import EnsembleOutput, build_ensemble  # noqa: E402
-from models.predictor import Predictor  # noqa: E402
-from models.training import mixture_nll  # noqa: E402
-from models.zoo import default_model_dir  # noqa: E402
+from benchmarks.report import write_section
+from models.ensembles import EnsembleOutput, build_ensemble
+from models.predictor import Predictor
+from models.training import mixture_nll
+from models.zoo import default_model_dir
 
 
 def _time(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
@@ -116,7 +112,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--append", type=Path, default=None, help="markdown file to append to")
+    ap.add_argument(
+        "--write", action="store_true", help="write the section into docs/benchmarks.md"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     r = args.repeats
@@ -158,33 +156,20 @@ def main() -> None:
             f"{default_model_throughput(b, max(r, 50 if b < 32 else r), dev):,.0f}",
         )
 
-    if args.append is not None:
-        cpu = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        cmd = "python benchmarks/training.py " + " ".join(sys.argv[1:])
-        md = [
-            "",
-            "## Training and inference (benchmarks/training.py)",
-            "",
-            f"- Date: {dt.date.today().isoformat()}; machine: {cpu}, {os.cpu_count()} cores "
-            f"(shared), torch {torch.__version__}, {args.threads} thread(s), device {dev}",
-            f"- Command: `{cmd}`",
-            "- LeNet-5, batch 128 (train steps: forward + backward + Adam); medians of "
-            f"{r} repeats. Numbers on a shared CPU are noisy; compare ratios within one run.",
-            "",
-            "| measurement | value |",
-            "|---|---|",
-            *[f"| {a} | {b} |" for a, b in rows],
-            "",
-        ]
-        with open(args.append, "a") as f:
-            f.write("\n".join(md))
+    print("\n".join(f"{a}: {b}" for a, b in rows))
+    if args.write:
+        body = "\n".join(
+            [
+                f"LeNet-5, batch 128 (train steps: forward + backward + Adam), device {dev}, "
+                f"{args.threads} thread(s); medians of {r} repeats.",
+                "",
+                "| measurement | value |",
+                "|---|---|",
+                *[f"| {a} | {b} |" for a, b in rows],
+            ]
+        )
+        cmd = "python -m benchmarks.training " + " ".join(sys.argv[1:])
+        write_section("Training and inference", cmd.strip(), body)
 
 
 if __name__ == "__main__":
