@@ -23,17 +23,28 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 __all__ = [
     "BUNDLED_MNIST_SHA256",
     "DATASET_STATS",
+    "AUGMENT_AFFINE",
     "DataBundle",
     "bundled_mnist_path",
     "bundled_split",
     "load_bundled_mnist",
     "load_dataset",
     "normalise_uint8",
+    "random_affine",
 ]
 
 BUNDLED_MNIST_SHA256 = "72ea69cde1025fdaa738e8c78235c918c1c6e4fbb09d0a84c7dc64ff12feecac"
 SPLIT_SEED = 0
 SPLIT_FRACTIONS = (0.7, 0.1, 0.2)  # train / validation / test
+
+# Training-time augmentation (``TrainConfig.augment``): the parameters of
+# ``torchvision.transforms.v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1))``,
+# small enough that a digit stays the same digit.
+AUGMENT_AFFINE: dict[str, tuple[float, float]] = {
+    "degrees": (-10.0, 10.0),
+    "translate": (0.1, 0.1),
+    "scale": (0.9, 1.1),
+}
 
 # Published per-channel statistics of the torchvision training sets (pixel values in [0, 1]).
 DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
@@ -131,6 +142,71 @@ def normalise_uint8(
 
     x = TF.to_dtype(images, torch.float32, scale=True)
     return TF.normalize(x, list(mean), list(std))
+
+
+def random_affine(
+    x: torch.Tensor,
+    generator: torch.Generator,
+    fill: tuple[float, ...] | list[float],
+    degrees: tuple[float, float] = AUGMENT_AFFINE["degrees"],
+    translate: tuple[float, float] = AUGMENT_AFFINE["translate"],
+    scale: tuple[float, float] = AUGMENT_AFFINE["scale"],
+) -> torch.Tensor:
+    """An independent random affine transform of every image of a float batch ``(B, C, H, W)``.
+
+    Per image this is ``torchvision.transforms.v2.RandomAffine(degrees, translate, scale,
+    interpolation=BILINEAR, fill=fill)``: the same parameter distribution (angle uniform in
+    ``degrees``, translation a whole number of pixels up to ``translate * (W, H)``, isotropic scale
+    uniform in ``scale``, no shear) and the same geometry as
+    ``torchvision.transforms.v2.functional.affine`` (inverse matrix about the image centre, bilinear
+    ``grid_sample`` with ``align_corners=False``, ``fill`` outside the source image), computed for
+    the whole batch in one ``grid_sample`` instead of image by image. ``fill`` is given per channel
+    in the batch's own (normalised) units. The parameters are drawn from ``generator`` (CPU) only,
+    so a seeded generator gives the same augmented batch every time.
+    """
+    b, _, h, w = x.shape
+    if b == 0:
+        return x
+
+    def uniform(lo: float, hi: float) -> torch.Tensor:
+        return lo + (hi - lo) * torch.rand(b, generator=generator, dtype=torch.float64)
+
+    angle = torch.deg2rad(uniform(*degrees))
+    max_dx, max_dy = float(translate[0] * w), float(translate[1] * h)
+    tx = torch.round(uniform(-max_dx, max_dx))
+    ty = torch.round(uniform(-max_dy, max_dy))
+    s = uniform(*scale)
+    # torchvision's _get_inverse_affine_matrix with centre 0 and no shear: R(-a) / s, then T^-1.
+    cos, sin = torch.cos(angle) / s, torch.sin(angle) / s
+    theta = torch.stack(
+        [
+            torch.stack([cos, sin, -cos * tx - sin * ty], 1),
+            torch.stack([-sin, cos, sin * tx - cos * ty], 1),
+        ],
+        1,
+    ).to(dtype=x.dtype, device=x.device)  # (B, 2, 3), pixel units about the centre
+    # torchvision's _affine_grid, batched: output pixel centres -> normalised source coordinates
+    base = torch.empty(1, h, w, 3, dtype=x.dtype, device=x.device)
+    base[..., 0].copy_(torch.linspace((1.0 - w) * 0.5, (w - 1.0) * 0.5, w, device=x.device))
+    base[..., 1].copy_(
+        torch.linspace((1.0 - h) * 0.5, (h - 1.0) * 0.5, h, device=x.device).unsqueeze(-1)
+    )
+    base[..., 2].fill_(1.0)
+    half = torch.tensor([0.5 * w, 0.5 * h], dtype=x.dtype, device=x.device)
+    grid = base.view(1, h * w, 3).expand(b, -1, -1).bmm(theta.transpose(1, 2) / half)
+    # torchvision's _apply_grid_transform: sample the image and a ones-mask together (zero
+    # padding), then out = mask * (warped - fill) + fill.
+    ones = torch.ones(b, 1, h, w, dtype=x.dtype, device=x.device)
+    warped = torch.nn.functional.grid_sample(
+        torch.cat((x, ones), 1),
+        grid.view(b, h, w, 2),
+        mode="bilinear",
+        padding_mode="zeros",
+        align_corners=False,
+    )
+    out, mask = warped[:, :-1], warped[:, -1:]
+    f = torch.tensor(list(fill), dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    return (out - f) * mask + f
 
 
 def _fingerprint(*parts: bytes | str) -> str:

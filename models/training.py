@@ -4,6 +4,16 @@ Protocol (SI S3.2): Adam, batch size 128, learning rate 1e-4 for MNIST and 1e-3 
 paper, early stopping on the validation loss (min delta 1e-4, patience 5), deterministic seeding,
 dataset-specific normalisation. The best-validation-loss weights are restored at the end.
 
+Optional, off by default (the paper uses neither): ``augment`` draws an independent small random
+affine transform for every *training* image of every batch (the parameters of
+``torchvision.transforms.v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1))``,
+bilinear, background fill; see :func:`models.data.random_affine`) from a dedicated
+``torch.Generator`` seeded from ``seed`` (and the DDP rank), so runs stay deterministic; validation
+and test images are never augmented. ``lr_schedule`` = ``"plateau"`` multiplies the learning rate by
+``lr_factor`` when the validation loss has not improved by ``min_delta`` for ``lr_patience`` epochs
+(``ReduceLROnPlateau``); ``"cosine"`` anneals it to ``lr * lr_factor`` over ``epochs``
+(``CosineAnnealingLR``). Early stopping and best-weight restoring are unchanged by either.
+
 Loss (documented choice). By default (``loss="mixture"``) the negative log-likelihood of the
 ensemble *mixture*: ``-log q̄_y`` with ``q̄ = mean_m q_m`` for VGN models, so the VGN layer and its
 per-class ``k`` are trained end to end through the gated prediction that is served (Section 3.1);
@@ -36,7 +46,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from models.checkpoint import CARD_FILE, ModelCard, save_checkpoint
-from models.data import TORCHVISION_NAMES, load_dataset
+from models.data import TORCHVISION_NAMES, load_dataset, random_affine
 from models.ensembles import EnsembleOutput, build_ensemble, normalise_kind
 from models.ensembles.factory import VGN_KINDS
 
@@ -78,11 +88,27 @@ class TrainConfig(BaseModel):
     loss: Literal["mixture", "members"] = "mixture"
     epochs: int = Field(100, ge=1)
     lr: float = Field(1e-3, gt=0, le=1)
+    lr_schedule: Literal["constant", "plateau", "cosine"] = Field(
+        "constant",
+        description="constant | plateau (ReduceLROnPlateau on the validation loss) | cosine "
+        "(CosineAnnealingLR over epochs)",
+    )
+    lr_factor: float = Field(
+        0.5, gt=0, lt=1, description="plateau: lr multiplier per reduction; cosine: final lr / lr"
+    )
+    lr_patience: int = Field(
+        3, ge=0, description="plateau: epochs without validation-loss improvement before reducing"
+    )
     weight_decay: float = Field(0.0, ge=0)
     batch_size: int = Field(128, ge=1)
     eval_batch_size: int = Field(512, ge=1)
     seed: int = 0
     patience: int = Field(5, ge=1)
+    augment: bool = Field(
+        False,
+        description="random small affine transforms of training images only (RandomAffine "
+        "degrees 10, translate 0.1, scale 0.9-1.1; seeded)",
+    )
     min_delta: float = Field(1e-4, ge=0)
     device: str | None = None
     deterministic: bool = True
@@ -231,6 +257,12 @@ def collect_predictions(
     return torch.cat(ps), (torch.cat(qs) if qs else None), torch.cat(ys)
 
 
+def augment_batch(x: Tensor, generator: torch.Generator, fill: list[float]) -> Tensor:
+    """The training-time augmentation of one batch (``TrainConfig.augment``); see
+    :func:`models.data.random_affine`. A module-level hook so tests can observe where it runs."""
+    return random_affine(x, generator, fill)
+
+
 def _served(p: Tensor, q: Tensor | None) -> Tensor:
     return (q if q is not None else p).mean(dim=1)  # (N, C)
 
@@ -369,6 +401,24 @@ def _train(
         generator=gen if sampler is None else None,
     )
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler: Any = None
+    if config.lr_schedule == "plateau":
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            opt,
+            mode="min",
+            factor=config.lr_factor,
+            patience=config.lr_patience,
+            threshold=config.min_delta,
+            threshold_mode="abs",
+        )
+    elif config.lr_schedule == "cosine":
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+            opt, T_max=config.epochs, eta_min=config.lr * config.lr_factor
+        )
+    # Augmentation parameters come from their own generator (never the global RNG that dropout
+    # uses), seeded from the config seed and the rank: same seed, same augmented batches.
+    aug_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 7919 * (rank + 1))
+    aug_fill = [-m / s for m, s in zip(bundle.mean, bundle.std, strict=True)]  # black, normalised
 
     steps_per_epoch = len(loader)
     total_steps = steps_per_epoch * config.epochs
@@ -407,6 +457,8 @@ def _train(
             loss_sum, n_seen = 0.0, 0
             for x, y in loader:
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                if config.augment:  # training batches only; validation/test never pass here
+                    x = augment_batch(x, aug_gen, aug_fill)
                 out, log_p = net(x, return_log_p=True)
                 loss = mixture_nll(out, log_p, y, config.loss)
                 opt.zero_grad(set_to_none=True)
@@ -453,6 +505,7 @@ def _train(
                     "train_loss": train_loss,
                     "val_loss": val_loss,
                     "val_accuracy": val_acc,
+                    "lr": opt.param_groups[0]["lr"],
                 }
             )
             if val_loss < best_loss - config.min_delta:
@@ -460,6 +513,10 @@ def _train(
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             else:
                 bad_epochs += 1
+            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step(val_loss)  # val_loss is the same on every rank (broadcast above)
+            elif scheduler is not None:
+                scheduler.step()
             per_epoch = (time.perf_counter() - t_loop) / epoch
             emit(
                 {

@@ -1,5 +1,6 @@
 """Training: config validation, mixture loss, a tiny run (events, checkpoint, determinism),
-early stopping, cancellation, the `vge train` CLI, and DDP with 2 CPU processes (gloo)."""
+training-only seeded augmentation, learning-rate schedules, early stopping, cancellation, the
+`vge train` CLI, and DDP with 2 CPU processes (gloo)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import pytest
 import torch
 
 from models.checkpoint import load_checkpoint
+from models.data import load_dataset, random_affine
 from models.ensembles import EnsembleOutput
-from models.training import TrainConfig, load_config, mixture_nll, train
+from models.training import TrainConfig, collect_predictions, load_config, mixture_nll, train
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +117,93 @@ def test_training_is_deterministic(tiny_run, tmp_path):
     a = json.loads((out / "model_card.json").read_text())
     b = json.loads((tmp_path / "model_card.json").read_text())
     assert a["weights_sha256"] == b["weights_sha256"]
+
+
+def test_random_affine_matches_torchvision_per_image():
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    x = torch.randn(6, 1, 28, 28)
+    out = random_affine(x, torch.Generator().manual_seed(5), [-0.4])
+    g = torch.Generator().manual_seed(5)  # redraw the same parameters, in the same order
+    u = [torch.rand(6, generator=g, dtype=torch.float64) for _ in range(4)]
+    for i in range(6):
+        ref = TF.affine(
+            x[i],
+            angle=float(-10 + 20 * u[0][i]),
+            translate=[round(float(-2.8 + 5.6 * u[1][i])), round(float(-2.8 + 5.6 * u[2][i]))],
+            scale=float(0.9 + 0.2 * u[3][i]),
+            shear=[0.0, 0.0],
+            interpolation=InterpolationMode.BILINEAR,
+            fill=[-0.4],
+        )
+        torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=0)
+    assert not torch.equal(out, x)
+
+
+def test_augmentation_only_on_training_batches_and_deterministic(tiny_run, tmp_path, monkeypatch):
+    import models.training as training
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real = training.augment_batch
+
+    def spy(x, generator, fill):
+        out = real(x, generator, fill)
+        seen.append((x.clone(), out.clone()))
+        return out
+
+    monkeypatch.setattr(training, "augment_batch", spy)
+    cfg = TrainConfig(ensemble="lle", vgn=True, seed=3, augment=True, **TINY)
+    train(cfg, tmp_path / "a")
+    bundle = load_dataset("mnist-bundled", max_train_samples=TINY["max_train_samples"])
+    train_x = torch.stack([bundle.train[i][0] for i in range(len(bundle.train))]).flatten(1)
+    # called once per training step (2 epochs x 256/64), always on clean training images ...
+    assert len(seen) == 8 and all(x.shape == (64, 1, 28, 28) for x, _ in seen)
+    for x, out in seen:
+        assert (x.flatten(1)[:, None] == train_x[None]).all(-1).any(-1).all()
+        assert not torch.equal(out, x)
+    # ... and never on validation/test: the card's accuracies are those of the clean splits
+    model, card = load_checkpoint(tmp_path / "a")
+    for split, key in ((bundle.val, "val_accuracy"), (bundle.test, "test_accuracy")):
+        _, q, y = collect_predictions(model, split, "cpu", TINY["eval_batch_size"])
+        assert float((q.mean(1).argmax(1) == y).float().mean()) == card.metrics[key]
+    assert card.training["config"]["augment"] is True
+    # same seed -> same augmented batches and bit-identical weights; augmentation changed training
+    first = [out for _, out in seen]
+    seen.clear()
+    train(cfg, tmp_path / "b")
+    assert all(torch.equal(a, b) for a, (_, b) in zip(first, seen, strict=True))
+    sha = [
+        json.loads((tmp_path / d / "model_card.json").read_text())["weights_sha256"] for d in "ab"
+    ]
+    assert sha[0] == sha[1]
+    assert sha[0] != json.loads((tiny_run[1] / "model_card.json").read_text())["weights_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("schedule", "lrs"), [("constant", [1e-3, 1e-3]), ("cosine", [1e-3, 5.5e-4])]
+)
+def test_lr_schedule_recorded(tmp_path, schedule, lrs):
+    cfg = TrainConfig(ensemble="lle", lr_schedule=schedule, lr_factor=0.1, **TINY)
+    train(cfg, tmp_path)
+    history = load_checkpoint(tmp_path)[1].training["history"]
+    assert [h["lr"] for h in history] == pytest.approx(lrs)
+
+
+def test_lr_plateau_reduces_on_stalled_validation_loss(tmp_path):
+    cfg = TrainConfig(
+        ensemble="lle",
+        lr_schedule="plateau",
+        lr_patience=0,
+        lr_factor=0.5,
+        min_delta=1.0,  # no epoch improves by 1.0: reduce after every epoch without improvement
+        patience=10,
+        **{**TINY, "epochs": 3},
+    )
+    train(cfg, tmp_path)
+    history = load_checkpoint(tmp_path)[1].training["history"]
+    # recorded per epoch before the scheduler steps: reduced after epochs 2 and 3
+    assert [h["lr"] for h in history] == pytest.approx([1e-3, 1e-3, 5e-4])
 
 
 def test_early_stopping_and_cancellation(tmp_path):
