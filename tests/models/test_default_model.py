@@ -44,9 +44,10 @@ def test_default_model_reproduces_recorded_test_accuracy_and_is_deterministic():
     correct = int((q.mean(1).argmax(1) == y).sum())
     recorded = pred.card.metrics["test_accuracy"]
     assert correct == round(recorded * len(y))  # exactly the card's number
-    # Honest floor: the exact SI S3.1 LeNet-5 (16-dim pooled features) on the 5,600-image bundled
-    # split reaches ~0.945, below the paper's 0.973 on full MNIST (60k images); see README.md.
-    assert recorded >= 0.94
+    # Honest floor: the exact SI S3.1 LeNet-5 (16-dim pooled features) trained on the 5,600-image
+    # bundled split with training-time augmentation reaches 0.959 (0.957-0.962 over seeds 0-2),
+    # below the paper's 0.973 on full MNIST (60k images); see README.md.
+    assert recorded >= 0.955
     again = pred.forward(x[:512])
     assert torch.equal(again.p, outs[0].p) and torch.equal(again.q, outs[0].q)
     rows1 = pred.score(outs[0])
