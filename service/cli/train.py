@@ -40,6 +40,7 @@ _FLAGS: list[tuple[str, str, type, str]] = [
     ("--image-size", "image_size", int, "ImageFolder resize"),
     ("--target-deferral", "target_deferral", float, "abstain_k calibration: deferral rate"),
     ("--target-risk", "target_risk", float, "abstain_k calibration: selective risk"),
+    ("--lr-schedule", "lr_schedule", str, "constant | plateau | cosine"),
 ]
 
 
@@ -60,6 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="add the VGN layer (de/lle only)",
+    )
+    p.add_argument(
+        "--augment",
+        dest="augment",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random small affine transforms of training images (never val/test)",
     )
     p.add_argument(
         "--allow-download",
