@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.uncertainty.gate import K_MIN, as_gate_k
+from models.uncertainty.moments import member_std
 from models.uncertainty.validation import EPS
 
 
@@ -32,67 +33,65 @@ class VGNFunction(torch.autograd.Function):
     def forward(ctx, probs: Tensor, k: Tensor, eps: float = EPS) -> Tensor:  # type: ignore[override]
         m = probs.shape[1]
         mean = probs.mean(dim=1)  # (B, C)
-        std = probs.std(dim=1, correction=1) if m > 1 else torch.zeros_like(mean)  # (B, C)
+        std = member_std(probs, mean)  # (B, C)
         s = std + eps
         k_c = k.clamp(min=K_MIN)  # (C,)
-        gate_raw = -torch.expm1(-mean / (k_c * s))  # (B, C) = 1 − exp(−u)
+        inv_ks = (k_c * s).reciprocal_()  # (B, C)
+        neg_u = -mean * inv_ks  # −u, u = p̄/(k s)
+        gate_raw = torch.expm1(neg_u).neg_()  # (B, C) 1 − e^{−u}, accurate for small u
+        decay = neg_u.exp_()  # e^{−u}
+        active = gate_raw >= eps  # where Γ's lower bound is inactive
         gate = gate_raw.clamp(min=eps)
         z = torch.einsum("bmc,bc->bm", probs, gate).clamp(min=eps)  # (B, M)
-        q = probs * (gate.unsqueeze(1) / z.unsqueeze(-1))  # (B, M, C)
+        inv_z = z.reciprocal_()
+        q = probs * (inv_z.unsqueeze(-1) * gate.unsqueeze(1))  # (B, M, C)
+        # The local derivatives of the gate are (B, C): form them here, once.
+        #   ∂Γ/∂p̄ = e^{−u}/(k s)   (zero where Γ's bound is active)
+        #   ∂Γ/∂s = −∂Γ/∂p̄ · p̄/s,  ∂Γ/∂k = −∂Γ/∂p̄ · p̄/k
+        #   ∂s/∂p_mc = (p_mc − p̄_c)/((M−1) std_c)   (0 where std_c = 0, e.g. M = 1)
+        dgate_dmean = decay.mul_(inv_ks).mul_(active)
+        if m > 1:
+            spread_w = torch.where(std > 0, -1.0 / ((m - 1) * std * s), torch.zeros_like(std))
+        else:
+            spread_w = torch.zeros_like(std)
         # q is not saved: it is the largest tensor, (B, M, C), and backward never needs it whole.
-        ctx.save_for_backward(probs, k, mean, std, gate_raw, z)
-        ctx.eps = eps
+        ctx.save_for_backward(probs, k, mean, gate, inv_z, dgate_dmean, spread_w)
         return q
 
     @staticmethod
     def backward(ctx, grad_q: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
-        probs, k, mean, std, gate_raw, z = ctx.saved_tensors
-        eps = ctx.eps
+        probs, k, mean, gate, inv_z, dgate_dmean, spread_w = ctx.saved_tensors
         m = probs.shape[1]
-        s = std + eps
-        k_c = k.clamp(min=K_MIN)
-        gate = gate_raw.clamp(min=eps)  # (B, C)
-        inv_z = 1.0 / z  # (B, M)
 
-        # Direct path (Γ fixed), with q never materialised (it is p ⊙ Γ / Z):
-        #   r_m = Σ_c g_mc q_mc = (g_m ⊙ p_m)ᵀ Γ / Z_m
-        #   ∂L/∂p_mc|Γ = Γ_c (g_mc − r_m) / Z_m
+        # Direct path (Γ fixed), with q = p ⊙ Γ / Z never materialised:
+        #   r_m = Σ_c g_mc q_mc = (g_m ⊙ p_m)ᵀ Γ / Z_m,   ∂L/∂p_mc|Γ = Γ_c (g_mc − r_m) / Z_m.
         # Z's lower bound is straight-through, so the same expression holds where it is active.
         gp = grad_q * probs  # (B, M, C)
-        r = torch.einsum("bmc,bc->bm", gp, gate) * inv_z  # (B, M)
+        r_z = torch.einsum("bmc,bc->bm", gp, gate).mul_(inv_z).mul_(inv_z)  # r_m / Z_m
         # Gradient reaching the shared gate: ∂L/∂Γ_c = Σ_m p_mc (g_mc − r_m) / Z_m.
-        grad_gate = torch.einsum("bmc,bm->bc", gp, inv_z) - torch.einsum(
-            "bmc,bm->bc", probs, r * inv_z
+        grad_gate = torch.einsum("bmc,bm->bc", gp, inv_z).sub_(
+            torch.einsum("bmc,bm->bc", probs, r_z)
         )
-        grad_gate = grad_gate * (gate_raw >= eps)  # clamp Γ ≥ ε
-        # Γ = 1 − e^{−u}, u = p̄/(k s):  ∂Γ/∂u = e^{−u} = 1 − Γ_raw.
-        grad_u = grad_gate * (1 - gate_raw)  # (B, C)
-        inv_ks = 1.0 / (k_c * s)
 
-        # Through-mean path: ∂u/∂p̄ = 1/(k s), ∂p̄/∂p_m = 1/M  → a (B, C) term shared by all members.
-        shared = grad_u * inv_ks / m  # (B, C)
-        # Through-spread path: ∂u/∂s = −p̄/(k s²), ∂s/∂p_mc = (p_mc − p̄_c) / ((M−1) std_c).
-        coef = None
-        if m > 1:
-            grad_s = -grad_u * mean * inv_ks / s  # (B, C)
-            safe_std = torch.where(std > 0, std, torch.ones_like(std))
-            coef = torch.where(std > 0, grad_s / ((m - 1) * safe_std), torch.zeros_like(std))
-            shared = shared - mean * coef
+        # Through-mean path: t = ∂L/∂p̄ (via Γ); each member gets t/M.
+        t = grad_gate.mul_(dgate_dmean)  # (B, C)
+        tm = t * mean
+        # Through-spread path: ∂L/∂s = −t p̄/s, times ∂s/∂p_mc → coef_c (p_mc − p̄_c).
+        coef = tm * spread_w  # (B, C)
+        shared = torch.addcmul(t / m, mean, coef, value=-1.0)  # (B, C), same for every member
 
-        # Assemble ∂L/∂p with in-place ops on one (B, M, C) buffer:
-        #   Γ_c g_mc / Z_m − (r_m / Z_m) Γ_c + shared_c + coef_c p_mc
-        grad_p = grad_q * gate.unsqueeze(1)
-        grad_p.mul_(inv_z.unsqueeze(-1))
-        grad_p.baddbmm_((-r * inv_z).unsqueeze(-1), gate.unsqueeze(1))
-        grad_p.add_(shared.unsqueeze(1))
-        if coef is not None:
-            grad_p.addcmul_(probs, coef.unsqueeze(1))
+        # Assemble ∂L/∂p on one (B, M, C) buffer:
+        #   g_mc Γ_c / Z_m − (r_m / Z_m) Γ_c + shared_c + coef_c p_mc
+        grad_p = grad_q * (inv_z.unsqueeze(-1) * gate.unsqueeze(1))
+        lhs = torch.stack((-r_z, torch.ones_like(r_z)), dim=-1)  # (B, M, 2)
+        grad_p.baddbmm_(lhs, torch.stack((gate, shared), dim=1))  # two outer products at once
+        grad_p.addcmul_(probs, coef.unsqueeze(1))
 
         grad_k = None
         if ctx.needs_input_grad[1]:
-            # ∂u/∂k = −p̄/(k² s); summed over the batch; zero where k's lower bound is active.
-            grad_kc = (-grad_u * mean * inv_ks / k_c).sum(dim=0)  # (C,)
-            grad_k = grad_kc * (k >= K_MIN)
+            # ∂L/∂k_c = −Σ_b t p̄ / k, summed over the batch; zero where k's lower bound is active.
+            k_c = k.clamp(min=K_MIN)
+            grad_k = tm.sum(dim=0).div_(k_c).neg_().mul_(k >= K_MIN)
         return grad_p, grad_k, None
 
 
@@ -112,10 +111,8 @@ def vgn_autograd(probs: Tensor, k: float | Tensor, eps: float = EPS) -> Tensor:
     if probs.dtype in (torch.float16, torch.bfloat16):
         probs = probs.float()
     k_t = k if isinstance(k, Tensor) and k.ndim == 1 else as_gate_k(k, probs.shape[-1], probs)
-    m = probs.shape[1]
     mean = probs.mean(dim=1)
-    std = probs.std(dim=1, correction=1) if m > 1 else torch.zeros_like(mean)
-    s = std + eps
+    s = member_std(probs, mean) + eps
     gate = (-torch.expm1(-mean / (k_t.clamp(min=K_MIN) * s))).clamp(min=eps)
     z = torch.einsum("bmc,bc->bm", probs, gate)
     z = z + (z.clamp(min=eps) - z).detach()  # straight-through lower bound
