@@ -15,6 +15,16 @@ from torch import Tensor, nn
 from .registry import Backbone, HeadSpec, register_backbone
 
 
+def embedding_block(in_features: int, out_features: int, dropout: float) -> nn.Sequential:
+    """The extra block before classification (SI S3.1): Linear → BatchNorm → ReLU → Dropout."""
+    return nn.Sequential(
+        nn.Linear(in_features, out_features),
+        nn.BatchNorm1d(out_features),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+    )
+
+
 class BasicBlock(nn.Module):
     """conv3x3-BN-ReLU-Dropout2d-conv3x3-BN (+ projection shortcut) -> ReLU."""
 
@@ -68,9 +78,7 @@ class ResNet(Backbone):
         self.layers = nn.Sequential(*layers)
         self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())  # GAP: (B, cin)
         fc = fc_features or cin
-        self.fc = nn.Sequential(
-            nn.Linear(cin, fc), nn.BatchNorm1d(fc), nn.ReLU(), nn.Dropout(dropout)
-        )
+        self.fc = embedding_block(cin, fc, dropout)
         self.out_features = fc
         self.head = HeadSpec(hidden=(), activation="relu", dropout=0.0)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .registry import Backbone, HeadSpec, register_backbone
+from .resnet import embedding_block
 
 
 class WideBasic(nn.Module):
@@ -63,9 +64,7 @@ class WideResNet(Backbone):
             nn.BatchNorm2d(cin), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
         )  # (B, cin)
         fc = fc_features or cin
-        self.fc = nn.Sequential(
-            nn.Linear(cin, fc), nn.BatchNorm1d(fc), nn.ReLU(), nn.Dropout(dropout)
-        )
+        self.fc = embedding_block(cin, fc, dropout)
         self.out_features = fc
         self.head = HeadSpec(hidden=(), activation="relu", dropout=0.0)
 
