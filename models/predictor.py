@@ -113,32 +113,42 @@ class Predictor:
     ) -> list[dict[str, Any]]:
         """One dict per row: ``prediction, label, probabilities [{label, probability}], vgmu, snr,
         tu, au, eu, abstain, abstain_k``."""
-        from models.uncertainty.scoring import score_members
+        from models.uncertainty.scoring import decision_scores
 
         k = self.default_abstain_k() if abstain_k is None else float(abstain_k)
-        scores = score_members(out.p, out.q, abstain_k=k, vgmu_on=vgmu_on)  # type: ignore[arg-type]
+        margin, dec = decision_scores(out.p, out.q, abstain_k=k, vgmu_on=vgmu_on)  # type: ignore[arg-type]
         probs = (out.q if out.q is not None else out.p).mean(dim=1)  # (B, C)
         n = max(1, min(int(top_k), probs.shape[-1]))
         top_p, top_i = probs.topk(n, dim=-1)  # (B, n)
         names = self.card.class_names
-        rows = []
-        for rec, tp, ti in zip(scores.to_records(), top_p.tolist(), top_i.tolist(), strict=True):
-            pred = int(rec["prediction"])
-            rows.append(
-                {
-                    "prediction": pred,
-                    "label": names[pred],
-                    "probabilities": [
-                        {"label": names[i], "probability": float(v)}
-                        for i, v in zip(ti, tp, strict=True)
-                    ],
-                    "vgmu": rec["vgmu"],
-                    "snr": rec["snr"],
-                    "tu": rec["tu"],
-                    "au": rec["au"],
-                    "eu": rec["eu"],
-                    "abstain": bool(rec["abstain"]),
-                    "abstain_k": k,
-                }
-            )
+        columns = zip(
+            margin.prediction.tolist(),
+            margin.abstain.tolist(),
+            margin.vgmu.tolist(),
+            margin.snr.tolist(),
+            dec.tu.tolist(),
+            dec.au.tolist(),
+            dec.eu.tolist(),
+            top_p.tolist(),
+            top_i.tolist(),
+            strict=True,
+        )
+        rows = [
+            {
+                "prediction": pred,
+                "label": names[pred],
+                "probabilities": [
+                    {"label": names[i], "probability": float(v)}
+                    for i, v in zip(ti, tp, strict=True)
+                ],
+                "vgmu": vgmu,
+                "snr": snr,
+                "tu": tu,
+                "au": au,
+                "eu": eu,
+                "abstain": bool(abstain),
+                "abstain_k": k,
+            }
+            for pred, abstain, vgmu, snr, tu, au, eu, tp, ti in columns
+        ]
         return rows

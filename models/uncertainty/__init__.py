@@ -5,7 +5,12 @@ from models.uncertainty.divergences import epce, epjs, epkl, epkl_pairwise, mutu
 from models.uncertainty.gate import variance_gate
 from models.uncertainty.margin import MarginScore, margin_score
 from models.uncertainty.moments import ensemble_moments
-from models.uncertainty.scoring import EnsembleScores, score_ensemble, score_members
+from models.uncertainty.scoring import (
+    EnsembleScores,
+    decision_scores,
+    score_ensemble,
+    score_members,
+)
 from models.uncertainty.validation import EPS, check_probs
 from models.uncertainty.vgn import VGN, VGNFunction, vgn, vgn_autograd
 
@@ -17,6 +22,7 @@ __all__ = [
     "MarginScore",
     "VGNFunction",
     "check_probs",
+    "decision_scores",
     "ensemble_moments",
     "entropy",
     "entropy_decomposition",

@@ -8,9 +8,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from models.uncertainty.decomposition import entropy_decomposition
+from models.uncertainty.decomposition import Decomposition, entropy_decomposition
 from models.uncertainty.divergences import epce, epjs, epkl, mutual_information
-from models.uncertainty.margin import margin_score
+from models.uncertainty.margin import MarginScore, margin_score
 from models.uncertainty.validation import check_probs
 from models.uncertainty.vgn import vgn
 
@@ -52,18 +52,18 @@ class EnsembleScores:
         ]
 
 
-def score_members(
+def decision_scores(
     p: Tensor,
     q: Tensor | None = None,
     *,
     abstain_k: float = 1.0,
     vgmu_on: VgmuOn = "p",
-) -> EnsembleScores:
-    """Score raw members ``p`` ``(B, M, C)`` and, for VGN models, their gated version ``q``.
+) -> tuple[MarginScore, Decomposition]:
+    """What a served prediction needs: the margin decision (VGMU, SNR, prediction, abstain) and TU/AU/EU.
 
     TU/AU/EU come from ``q`` when given (the gated decomposition, Section 3.3), else from ``p``.
     VGMU, SNR, prediction and abstain come from ``p`` unless ``vgmu_on == "q"`` (Section 3.2: VGMU
-    works on any ensemble output). The divergence baselines always use the raw members.
+    works on any ensemble output). No divergence baselines: this is the serving hot path.
     """
     if vgmu_on not in ("p", "q"):
         raise ValueError(f"vgmu_on must be 'p' or 'q'; got {vgmu_on!r}")
@@ -72,10 +72,22 @@ def score_members(
         q = check_probs(q)
         if q.shape != p.shape:
             raise ValueError(f"gated members q {tuple(q.shape)} must match p {tuple(p.shape)}")
+    gated = q if q is not None else p
     with torch.no_grad():
-        gated = q if q is not None else p
-        margin = margin_score(gated if vgmu_on == "q" else p, abstain_k)
-        dec = entropy_decomposition(gated)
+        return margin_score(gated if vgmu_on == "q" else p, abstain_k), entropy_decomposition(gated)
+
+
+def score_members(
+    p: Tensor,
+    q: Tensor | None = None,
+    *,
+    abstain_k: float = 1.0,
+    vgmu_on: VgmuOn = "p",
+) -> EnsembleScores:
+    """:func:`decision_scores` plus the divergence baselines (MI, EPKL, EPJS, EPCE) of the raw members."""
+    margin, dec = decision_scores(p, q, abstain_k=abstain_k, vgmu_on=vgmu_on)
+    p = check_probs(p)
+    with torch.no_grad():
         return EnsembleScores(
             prediction=margin.prediction,
             abstain=margin.abstain,

@@ -60,3 +60,19 @@ def test_half_input_computed_in_float32() -> None:
 def test_vgmu_on_q_needs_gate() -> None:
     with pytest.raises(ValueError, match="gate_k"):
         score_ensemble(torch.full((1, 2, 2), 0.5), vgmu_on="q")
+
+
+def test_decision_scores_match_score_members() -> None:
+    """The serving hot path returns exactly what the full scorer returns for the same fields."""
+    from models.uncertainty import decision_scores, score_members, vgn
+
+    g = torch.Generator().manual_seed(3)
+    p = torch.softmax(3 * torch.randn(5, 4, 6, generator=g, dtype=torch.float64), -1)
+    q = vgn(p, 0.7)
+    for vgmu_on in ("p", "q"):
+        full = score_members(p, q, abstain_k=0.5, vgmu_on=vgmu_on)
+        margin, dec = decision_scores(p, q, abstain_k=0.5, vgmu_on=vgmu_on)
+        for name in ("prediction", "abstain", "vgmu", "snr"):
+            assert torch.equal(getattr(margin, name), getattr(full, name)), name
+        for name in ("tu", "au", "eu"):
+            assert torch.equal(getattr(dec, name), getattr(full, name)), name
