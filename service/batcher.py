@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from models.ensembles import EnsembleOutput
 from service.errors import DeadlineExceeded, QueueFull
 from service.metrics import Metrics
 
@@ -62,24 +63,16 @@ class _Unit:
         return int(self.x.shape[0])
 
 
-def _rebuild(out: Any, p: torch.Tensor, q: torch.Tensor | None) -> Any:
-    """A copy of the EnsembleOutput ``out`` with fields ``p`` and ``q`` replaced."""
-    if hasattr(out, "_replace"):
-        return out._replace(p=p, q=q)
-    return dataclasses.replace(out, p=p, q=q)
+def _take_rows(out: EnsembleOutput, rows: slice | torch.Tensor) -> EnsembleOutput:
+    """The given rows (a slice or an index tensor) of a batch's ensemble output."""
+    return EnsembleOutput(out.p[rows], None if out.q is None else out.q[rows])
 
 
-def slice_output(out: Any, i: int, j: int) -> Any:
-    """Rows ``i:j`` of an EnsembleOutput."""
-    return _rebuild(out, out.p[i:j], None if out.q is None else out.q[i:j])
-
-
-def _concat_outputs(outs: list[Any]) -> Any:
+def _concat_outputs(outs: list[EnsembleOutput]) -> EnsembleOutput:
     if len(outs) == 1:
         return outs[0]
-    p = torch.cat([o.p for o in outs])
-    q = None if outs[0].q is None else torch.cat([o.q for o in outs])
-    return _rebuild(outs[0], p, q)
+    q = None if outs[0].q is None else torch.cat([o.q for o in outs])  # type: ignore[misc]
+    return EnsembleOutput(torch.cat([o.p for o in outs]), q)
 
 
 class Batcher:
@@ -319,10 +312,9 @@ class Batcher:
         for group in spans.values():
             if len(group) == 1:
                 _, i, j = group[0]
-                part = slice_output(out, i, j)
+                part = _take_rows(out, slice(i, j))  # a view, no copy
             else:
-                idx = torch.cat([torch.arange(i, j) for _, i, j in group])
-                part = _rebuild(out, out.p[idx], None if out.q is None else out.q[idx])
+                part = _take_rows(out, torch.cat([torch.arange(i, j) for _, i, j in group]))
             try:
                 items = batch[group[0][0]].post(part)
             except Exception as exc:  # noqa: BLE001 - delivered to these requests only

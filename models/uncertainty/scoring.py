@@ -52,6 +52,24 @@ class EnsembleScores:
         ]
 
 
+def _checked(p: Tensor, q: Tensor | None, vgmu_on: str) -> tuple[Tensor, Tensor | None]:
+    if vgmu_on not in ("p", "q"):
+        raise ValueError(f"vgmu_on must be 'p' or 'q'; got {vgmu_on!r}")
+    p = check_probs(p)
+    if q is not None:
+        q = check_probs(q)
+        if q.shape != p.shape:
+            raise ValueError(f"gated members q {tuple(q.shape)} must match p {tuple(p.shape)}")
+    return p, q
+
+
+def _decide(
+    p: Tensor, q: Tensor | None, abstain_k: float, vgmu_on: str
+) -> tuple[MarginScore, Decomposition]:
+    gated = q if q is not None else p
+    return margin_score(gated if vgmu_on == "q" else p, abstain_k), entropy_decomposition(gated)
+
+
 def decision_scores(
     p: Tensor,
     q: Tensor | None = None,
@@ -65,16 +83,9 @@ def decision_scores(
     VGMU, SNR, prediction and abstain come from ``p`` unless ``vgmu_on == "q"`` (Section 3.2: VGMU
     works on any ensemble output). No divergence baselines: this is the serving hot path.
     """
-    if vgmu_on not in ("p", "q"):
-        raise ValueError(f"vgmu_on must be 'p' or 'q'; got {vgmu_on!r}")
-    p = check_probs(p)
-    if q is not None:
-        q = check_probs(q)
-        if q.shape != p.shape:
-            raise ValueError(f"gated members q {tuple(q.shape)} must match p {tuple(p.shape)}")
-    gated = q if q is not None else p
+    p, q = _checked(p, q, vgmu_on)
     with torch.no_grad():
-        return margin_score(gated if vgmu_on == "q" else p, abstain_k), entropy_decomposition(gated)
+        return _decide(p, q, abstain_k, vgmu_on)
 
 
 def score_members(
@@ -85,9 +96,9 @@ def score_members(
     vgmu_on: VgmuOn = "p",
 ) -> EnsembleScores:
     """:func:`decision_scores` plus the divergence baselines (MI, EPKL, EPJS, EPCE) of the raw members."""
-    margin, dec = decision_scores(p, q, abstain_k=abstain_k, vgmu_on=vgmu_on)
-    p = check_probs(p)
+    p, q = _checked(p, q, vgmu_on)
     with torch.no_grad():
+        margin, dec = _decide(p, q, abstain_k, vgmu_on)
         return EnsembleScores(
             prediction=margin.prediction,
             abstain=margin.abstain,
