@@ -28,6 +28,7 @@ __all__ = [
     "file_sha256",
     "learned_k",
     "load_checkpoint",
+    "save_card",
     "save_checkpoint",
 ]
 
@@ -73,9 +74,29 @@ class ModelCard(BaseModel):
         return len(self.class_names)
 
     @property
+    def answer_members(self) -> str:
+        """The member set answers come from by default: ``"q"`` for VGN models, else ``"p"``."""
+        return "q" if self.vgn else "p"
+
+    @property
     def abstain_k(self) -> float | None:
-        """Calibrated deferral threshold, if the card has one."""
-        v = self.abstain_calibration.get("abstain_k")
+        """Calibrated deferral threshold of the served rule (default member set), if any."""
+        return self.abstain_k_for(self.answer_members)
+
+    def abstain_k_for(self, members: str) -> float | None:
+        """The deferral threshold calibrated for VGMU on ``members`` (``"p"``/``"q"``), if any.
+
+        ``abstain_calibration`` holds the calibration of the served rule (its ``members`` key;
+        cards from before 0.2 calibrated on ``p`` and have none) and, under ``by_members``, the
+        ``abstain_k`` of the other member set, so that ``vgmu_on`` overrides get their own k.
+        """
+        cal = self.abstain_calibration
+        if not cal:
+            return None
+        if cal.get("members", "p") == members:
+            v = cal.get("abstain_k")
+        else:
+            v = (cal.get("by_members") or {}).get(members)
         return None if v is None else float(v)
 
 
@@ -131,8 +152,14 @@ def save_checkpoint(module: nn.Module, card: ModelCard, out_dir: str | Path) -> 
     card = card.model_copy(
         update={"weights_sha256": file_sha256(weights), "learned_k": learned_k(module)}
     )
-    (out / CARD_FILE).write_text(json.dumps(card.model_dump(mode="json"), indent=2) + "\n")
+    save_card(card, out)
     return card
+
+
+def save_card(card: ModelCard, model_dir: str | Path) -> None:
+    """Write ``card`` as ``model_dir/model_card.json`` (the weights and their sha256 untouched)."""
+    path = Path(model_dir) / CARD_FILE
+    path.write_text(json.dumps(card.model_dump(mode="json"), indent=2) + "\n")
 
 
 def read_card(model_dir: str | Path) -> ModelCard:

@@ -98,9 +98,25 @@ class Predictor:
 
     __call__ = forward
 
-    def default_abstain_k(self) -> float:
-        """The card's calibrated ``abstain_k``, or 1.0 when the card has none."""
-        k = self.card.abstain_k
+    def answer_members(self, vgmu_on: str | None = None) -> str:
+        """``"q"``/``"p"``: the member set an answer comes from (``vgmu_on`` or the model's default).
+
+        Raises ``ValueError`` for ``vgmu_on="q"`` on a model without a variance gate.
+        """
+        if vgmu_on is None:
+            return self.card.answer_members
+        if vgmu_on not in ("p", "q"):
+            raise ValueError(f"vgmu_on must be 'p' or 'q'; got {vgmu_on!r}")
+        if vgmu_on == "q" and not self.card.vgn:
+            raise ValueError(
+                f"vgmu_on='q' needs a VGN model; {self.card.name!r} has no variance gate "
+                "(use vgmu_on='p' or leave it unset)"
+            )
+        return vgmu_on
+
+    def default_abstain_k(self, vgmu_on: str | None = None) -> float:
+        """The card's ``abstain_k`` calibrated for the answer's member set, or 1.0 without one."""
+        k = self.card.abstain_k_for(self.answer_members(vgmu_on))
         return 1.0 if k is None else k
 
     def score(
@@ -108,18 +124,26 @@ class Predictor:
         out: EnsembleOutput,
         *,
         abstain_k: float | None = None,
-        vgmu_on: str = "p",
+        vgmu_on: str | None = None,
         top_k: int = 3,
     ) -> list[dict[str, Any]]:
         """One dict per row: ``prediction, label, probabilities [{label, probability}], vgmu, snr,
-        tu, au, eu, abstain, abstain_k``."""
+        tu, au, eu, abstain, abstain_k`` — all of one member set, so ``probabilities[0]`` is the
+        predicted class."""
         from models.uncertainty.scoring import decision_scores
 
-        k = self.default_abstain_k() if abstain_k is None else float(abstain_k)
-        margin, dec = decision_scores(out.p, out.q, abstain_k=k, vgmu_on=vgmu_on)  # type: ignore[arg-type]
-        probs = (out.q if out.q is not None else out.p).mean(dim=1)  # (B, C)
+        which = self.answer_members(vgmu_on)
+        k = self.default_abstain_k(which) if abstain_k is None else float(abstain_k)
+        members = out.q if which == "q" else out.p
+        margin, dec = decision_scores(
+            out.p, out.q, abstain_k=k, vgmu_on=which,  # type: ignore[arg-type]
+            validate=False,
+        )  # fmt: skip
+        probs = members.mean(dim=1)  # (B, C), the mean VGMU's prediction is the argmax of
         n = max(1, min(int(top_k), probs.shape[-1]))
-        top_p, top_i = probs.topk(n, dim=-1)  # (B, n)
+        # Stable descending sort: ties keep the lowest index first, exactly like argmax, so the
+        # first listed probability is always the prediction.
+        top_p, top_i = (t[:, :n] for t in probs.sort(dim=-1, descending=True, stable=True))
         names = self.card.class_names
         columns = zip(
             margin.prediction.tolist(),

@@ -13,9 +13,12 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from models.uncertainty.margin import ABSTAIN_K_MAX
+
 #: The range of ``abstain_k`` the API accepts (a margin in standard deviations; see the paper, §3).
+#: The maximum is the library's bound, above any calibrated value.
 ABSTAIN_K_MIN = 0.0
-ABSTAIN_K_MAX = 100.0
+__all__ = ["ABSTAIN_K_MAX", "ABSTAIN_K_MIN", "Settings"]
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 

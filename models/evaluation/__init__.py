@@ -278,7 +278,10 @@ def run_evaluation(
         reliability_bins(ev.predictive, labels), out_dir / "reliability.png"
     ).name
     figs["Margin–variance geometry (paper Fig. 4)"] = plots.margin_variance_geometry(
-        p, ev.scores["vgmu"], out_dir / "margin_variance.png", abstain_k=abstain_k
+        q if q is not None else p,  # the served members (answer_members)
+        ev.scores["vgmu"],
+        out_dir / "margin_variance.png",
+        abstain_k=abstain_k,
     ).name
     shown = {k: ev.scores[k] for k in PLOTTED_SCORES}
     figs["Risk–coverage"] = plots.risk_coverage_plot(

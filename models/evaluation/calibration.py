@@ -80,8 +80,8 @@ def calibrate_abstain_k(
     """Choose the abstain ``k`` for a target deferral rate or a target selective risk.
 
     Args:
-        p: raw member probabilities ``(N, M, C)`` of the validation split (the members the
-            service's margin rule uses, ``vgmu_on="p"``).
+        p: member probabilities ``(N, M, C)`` of the validation split: the members the served
+            rule uses (the gated ``q`` for VGN models, see :func:`calibrate_served`).
         labels: true classes ``(N,)``.
         target_deferral: desired fraction of abstentions in ``[0, 1]``; or
         target_risk: largest allowed error rate among accepted predictions in ``[0, 1]``
@@ -158,3 +158,27 @@ def calibrate_abstain_k(
         "n_samples": n,
         "curve": curve,
     }
+
+
+def calibrate_served(
+    p: ArrayLike | Tensor,
+    q: ArrayLike | Tensor | None,
+    labels: ArrayLike | Tensor,
+    target_deferral: float | None = None,
+    target_risk: float | None = None,
+) -> dict:
+    """Calibrate ``abstain_k`` on exactly the served rule, plus the other member set's ``k``.
+
+    The served rule is VGMU on the answer's members (``q`` for VGN models, else ``p``; see
+    :func:`models.uncertainty.scoring.answer_members`). Returns :func:`calibrate_abstain_k`'s dict
+    for those members with ``"members"`` (``"q"``/``"p"``) and, for VGN models,
+    ``"by_members": {"p": k_p}`` so that a ``vgmu_on="p"`` request gets a threshold calibrated for
+    the same target on ``p`` instead of ``q``'s.
+    """
+    served = q if q is not None else p
+    calib = calibrate_abstain_k(served, labels, target_deferral, target_risk)
+    calib["members"] = "q" if q is not None else "p"
+    if q is not None:
+        other = calibrate_abstain_k(p, labels, target_deferral, target_risk)
+        calib["by_members"] = {"p": other["abstain_k"]}
+    return calib

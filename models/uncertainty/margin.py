@@ -10,6 +10,11 @@ from torch import Tensor
 from models.uncertainty.moments import ensemble_moments
 from models.uncertainty.validation import EPS
 
+#: Largest ``abstain_k`` anyone needs: a sample's critical value ``κ = (p̄1 − p̄2)/(s1 + s2)`` is at
+#: most ``1/(2ε) = 5e7`` (spreads include ε), so every calibrated ``k`` lies below this bound and the
+#: API accepts all of them.
+ABSTAIN_K_MAX = 1e9
+
 
 class MarginScore(NamedTuple):
     """Per-sample decision scores, each ``(B,)``."""

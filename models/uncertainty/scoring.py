@@ -21,7 +21,7 @@ VgmuOn = Literal["p", "q"]
 class EnsembleScores:
     """Scores for a batch; every field is a ``(B,)`` tensor."""
 
-    prediction: Tensor
+    prediction: Tensor  # int64 argmax of the answer's mean (q̄ for gated members, else p̄)
     abstain: Tensor
     vgmu: Tensor
     snr: Tensor
@@ -52,22 +52,35 @@ class EnsembleScores:
         ]
 
 
-def _checked(p: Tensor, q: Tensor | None, vgmu_on: str) -> tuple[Tensor, Tensor | None]:
+def answer_members(p: Tensor, q: Tensor | None, vgmu_on: VgmuOn | None = None) -> VgmuOn:
+    """Which member set an answer is computed from: ``"q"`` (gated) or ``"p"`` (raw).
+
+    One answer, one distribution. A VGN model is trained on the mixture of its *gated* members
+    (Section 3.1, eq. for q̄), so its predictive distribution is q̄ and, by default, everything
+    served about it — prediction, label, probabilities, VGMU/SNR, abstain (Section 3.2: VGMU works
+    on any ensemble output) and TU/AU/EU (the gated decomposition, Section 3.3) — comes from ``q``.
+    A model without a gate answers from ``p``. ``vgmu_on`` overrides the choice; ``"q"`` without
+    gated members is an error (there is no q to use).
+    """
+    if vgmu_on is None:
+        return "q" if q is not None else "p"
     if vgmu_on not in ("p", "q"):
         raise ValueError(f"vgmu_on must be 'p' or 'q'; got {vgmu_on!r}")
-    p = check_probs(p)
+    if vgmu_on == "q" and q is None:
+        raise ValueError(
+            "vgmu_on='q' needs gated members, but this ensemble has no variance gate (VGN); "
+            "use vgmu_on='p' or leave it unset"
+        )
+    return vgmu_on
+
+
+def _checked(p: Tensor, q: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    p = check_probs(p, min_members=2)
     if q is not None:
-        q = check_probs(q)
+        q = check_probs(q, min_members=2)
         if q.shape != p.shape:
             raise ValueError(f"gated members q {tuple(q.shape)} must match p {tuple(p.shape)}")
     return p, q
-
-
-def _decide(
-    p: Tensor, q: Tensor | None, abstain_k: float, vgmu_on: str
-) -> tuple[MarginScore, Decomposition]:
-    gated = q if q is not None else p
-    return margin_score(gated if vgmu_on == "q" else p, abstain_k), entropy_decomposition(gated)
 
 
 def decision_scores(
@@ -75,17 +88,22 @@ def decision_scores(
     q: Tensor | None = None,
     *,
     abstain_k: float = 1.0,
-    vgmu_on: VgmuOn = "p",
+    vgmu_on: VgmuOn | None = None,
+    validate: bool = True,
 ) -> tuple[MarginScore, Decomposition]:
     """What a served prediction needs: the margin decision (VGMU, SNR, prediction, abstain) and TU/AU/EU.
 
-    TU/AU/EU come from ``q`` when given (the gated decomposition, Section 3.3), else from ``p``.
-    VGMU, SNR, prediction and abstain come from ``p`` unless ``vgmu_on == "q"`` (Section 3.2: VGMU
-    works on any ensemble output). No divergence baselines: this is the serving hot path.
+    All of it from one member set, :func:`answer_members` (``q`` for VGN models). No divergence
+    baselines: this is the serving hot path. ``validate=False`` skips :func:`check_probs` (and its
+    host synchronisation) for a model's own softmax outputs, which need no checking per request.
     """
-    p, q = _checked(p, q, vgmu_on)
+    which = answer_members(p, q, vgmu_on)
+    if validate:
+        p, q = _checked(p, q)
+    members = q if which == "q" else p
+    assert members is not None
     with torch.no_grad():
-        return _decide(p, q, abstain_k, vgmu_on)
+        return margin_score(members, abstain_k), entropy_decomposition(members)
 
 
 def score_members(
@@ -93,12 +111,18 @@ def score_members(
     q: Tensor | None = None,
     *,
     abstain_k: float = 1.0,
-    vgmu_on: VgmuOn = "p",
+    vgmu_on: VgmuOn | None = None,
+    validate: bool = True,
 ) -> EnsembleScores:
-    """:func:`decision_scores` plus the divergence baselines (MI, EPKL, EPJS, EPCE) of the raw members."""
-    p, q = _checked(p, q, vgmu_on)
+    """:func:`decision_scores` plus the divergence baselines (MI, EPKL, EPJS, EPCE) of the raw members.
+
+    The baselines are defined on the raw members ``p`` (Section 4 compares them with VGMU and EU).
+    """
+    which = answer_members(p, q, vgmu_on)
+    if validate:
+        p, q = _checked(p, q)
     with torch.no_grad():
-        margin, dec = _decide(p, q, abstain_k, vgmu_on)
+        margin, dec = decision_scores(p, q, abstain_k=abstain_k, vgmu_on=which, validate=False)
         return EnsembleScores(
             prediction=margin.prediction,
             abstain=margin.abstain,
@@ -119,18 +143,19 @@ def score_ensemble(
     *,
     gate_k: float | None = None,
     abstain_k: float = 1.0,
-    vgmu_on: VgmuOn = "p",
+    vgmu_on: VgmuOn | None = None,
 ) -> EnsembleScores:
     """Score any ensemble's member probabilities ``(B, M, C)`` (what ``vge score`` and ``/v1/score`` do).
 
-    Without ``gate_k`` TU/AU/EU are those of the raw members; with ``gate_k = K`` they are those of the
-    members gated by VGN with fixed ``k = K``. ``vgmu_on="q"`` needs ``gate_k``.
+    Without ``gate_k`` the answer is that of the raw members; with ``gate_k = K`` it is that of the
+    members gated by VGN with fixed ``k = K`` (:func:`answer_members`; ``vgmu_on="p"`` keeps the raw
+    members). ``vgmu_on="q"`` needs ``gate_k``. Needs ``M >= 2``.
     """
-    p = check_probs(probs)
+    p = check_probs(probs, min_members=2)
     if gate_k is not None and (not gate_k == gate_k or gate_k <= 0):
         raise ValueError(f"gate_k must be > 0; got {gate_k}")
     if vgmu_on == "q" and gate_k is None:
         raise ValueError("vgmu_on='q' needs gated members: pass gate_k")
     with torch.no_grad():
         q = vgn(p, float(gate_k)) if gate_k is not None else None
-    return score_members(p, q, abstain_k=abstain_k, vgmu_on=vgmu_on)
+    return score_members(p, q, abstain_k=abstain_k, vgmu_on=vgmu_on, validate=False)

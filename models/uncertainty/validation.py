@@ -18,14 +18,30 @@ SUM_TOLERANCE = 1e-3
 EPS = 1e-8
 
 
-def check_probs(probs: Tensor, *, tolerance: float = SUM_TOLERANCE) -> Tensor:
+def sum_tolerance(dtype: torch.dtype, tolerance: float = SUM_TOLERANCE) -> float:
+    """Row-sum tolerance for probabilities stored in ``dtype``.
+
+    Rounding each entry of a softmax row to a float with machine epsilon ``ε`` moves the row sum by
+    at most ``ε/2 · Σ p = ε/2``; a row computed in that precision carries a few such roundings. The
+    tolerance is therefore ``max(tolerance, 4ε)``: 1e-3 for float32/float64, ≈ 3.9e-3 for float16
+    (ε = 2⁻¹⁰) and ≈ 3.1e-2 for bfloat16 (ε = 2⁻⁷), still far below what logits or unnormalised
+    scores produce.
+    """
+    if dtype.is_floating_point:
+        return max(tolerance, 4.0 * torch.finfo(dtype).eps)
+    return tolerance
+
+
+def check_probs(probs: Tensor, *, tolerance: float = SUM_TOLERANCE, min_members: int = 1) -> Tensor:
     """Validate member probabilities and return them as a floating tensor of shape ``(B, M, C)``.
 
-    Half-precision (float16/bfloat16) and integer inputs are promoted to float32; float64 stays float64.
+    Half-precision (float16/bfloat16) and integer inputs are promoted to float32; float64 stays
+    float64. The row-sum tolerance scales with the input's precision (:func:`sum_tolerance`).
 
     Raises:
-        ValueError: wrong rank, ``M < 1``, ``C < 2``, NaN/Inf, negative entries, or a row whose sum
-            differs from 1 by more than ``tolerance``. The message names the first offending index.
+        ValueError: wrong rank, ``M < min_members``, ``C < 2``, NaN/Inf, negative entries, or a row
+            whose sum differs from 1 by more than the tolerance. The message names the first
+            offending index.
     """
     if not isinstance(probs, Tensor):
         probs = torch.as_tensor(probs)
@@ -35,8 +51,14 @@ def check_probs(probs: Tensor, *, tolerance: float = SUM_TOLERANCE) -> Tensor:
             f"got a tensor with {probs.ndim} dimension(s), shape {tuple(probs.shape)}"
         )
     _, m, c = probs.shape
-    if m < 1:
+    if m < max(1, min_members):
+        if min_members >= 2:
+            raise ValueError(
+                f"ensemble scores need at least {min_members} members (M >= {min_members}): the "
+                f"spread of one member is undefined; got M = {m}"
+            )
         raise ValueError("need at least one ensemble member (M >= 1); got M = 0")
+    tolerance = sum_tolerance(probs.dtype, tolerance)
     if c < 2:
         raise ValueError(f"need at least two classes (C >= 2); got C = {c}")
     if probs.dtype not in (torch.float32, torch.float64):

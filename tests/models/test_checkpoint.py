@@ -35,7 +35,7 @@ def _card(**kw) -> ModelCard:
         std=[0.31],
         data_fingerprint="f" * 64,
         metrics={"test_accuracy": 0.5},
-        abstain_calibration={"abstain_k": 0.7, "curve": []},
+        abstain_calibration={"abstain_k": 0.7, "members": "q", "curve": []},
     )
     base.update(kw)
     return ModelCard(**base)

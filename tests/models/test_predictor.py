@@ -42,7 +42,9 @@ def _save(d, *, vgn: bool, in_channels: int = 1, size=(28, 28), abstain_k=0.8):
         input_size=size,
         mean=[0.5] * in_channels,
         std=[0.25] * in_channels,
-        abstain_calibration={} if abstain_k is None else {"abstain_k": abstain_k},
+        abstain_calibration={}
+        if abstain_k is None
+        else {"abstain_k": abstain_k, "members": "q" if vgn else "p", "by_members": {"p": 2.5}},
     )
     save_checkpoint(model, card, d)
     return Predictor.from_dir(d, device="cpu")
@@ -92,6 +94,7 @@ def test_forward_and_score_vgn(tmp_path):
         assert set(r) == KEYS
         assert r["abstain_k"] == 0.8  # calibrated default from the card
         assert r["label"] == ["a", "b", "c", "d"][r["prediction"]]
+        assert r["probabilities"][0]["label"] == r["label"]  # one distribution per answer
         probs = [e["probability"] for e in r["probabilities"]]
         assert len(probs) == 2 and probs[0] >= probs[1]
         assert probs[0] == pytest.approx(float(s.max()), abs=1e-6)  # q̄ for VGN models
@@ -100,6 +103,26 @@ def test_forward_and_score_vgn(tmp_path):
     assert all(not r["abstain"] and r["abstain_k"] == 0.0 for r in never)
     always = pred.score(out, abstain_k=1e9, top_k=99)
     assert all(r["abstain"] for r in always) and len(always[0]["probabilities"]) == 4
+    # vgmu_on="p": the whole answer from p, with the k calibrated on p
+    raw = pred.score(out, vgmu_on="p", top_k=1)
+    for r, s in zip(raw, out.p.mean(1), strict=True):
+        assert r["abstain_k"] == 2.5 and r["prediction"] == int(s.argmax())
+        assert r["probabilities"][0]["probability"] == pytest.approx(float(s.max()), abs=1e-6)
+
+
+def test_first_probability_is_the_prediction_even_on_ties(tmp_path):
+    """Stable ordering: ties list the lowest class first, exactly as argmax predicts it."""
+    pred = _save(tmp_path, vgn=False, abstain_k=None)
+    p = torch.tensor([[[0.4, 0.4, 0.1, 0.1], [0.4, 0.4, 0.1, 0.1]]] * 3)
+    for r in pred.score(EnsembleOutput(p, None), top_k=4):
+        assert r["prediction"] == 0 and r["probabilities"][0]["label"] == r["label"] == "a"
+        assert [e["label"] for e in r["probabilities"]] == ["a", "b", "c", "d"]
+
+
+def test_vgmu_on_q_needs_a_vgn_model(tmp_path):
+    pred = _save(tmp_path, vgn=False, abstain_k=None)
+    with pytest.raises(ValueError, match="no variance gate"):
+        pred.score(pred.forward(torch.zeros(1, 1, 28, 28)), vgmu_on="q")
 
 
 def test_score_non_vgn_uses_p_mean_and_default_k(tmp_path):

@@ -35,7 +35,7 @@ def test_config_validation_messages():
         load_config(None, {"dataset": "imagenet"})
     with pytest.raises(ValueError, match="backbone: unknown backbone; available"):
         load_config(None, {"backbone": "vgg"})
-    with pytest.raises(ValueError, match="members: Input should be greater than or equal to 1"):
+    with pytest.raises(ValueError, match="members: Input should be greater than or equal to 2"):
         load_config(None, {"members": 0})
     with pytest.raises(ValueError, match="device: must be 'cpu'"):
         load_config(None, {"device": "tpu"})

@@ -71,12 +71,11 @@ def test_metrics_of_a_plain_ensemble(data: dict) -> None:
     assert m["abstention"]["accepted_risk"] == pytest.approx(0.2)
 
 
-def test_single_member_ensemble_has_null_rank_correlations() -> None:
+def test_single_member_ensemble_is_refused() -> None:
+    """M = 1 has no spread: VGMU would never abstain and EU ≡ 0, so ensemble scores refuse it."""
     p = _members(20, m=1)
-    m = evaluate_predictions(p, None, p.mean(1).argmax(-1))
-    assert m["rank_consistency"]["eu"] == {"spearman": None, "kendall": None}  # EU ≡ 0
-    assert m["diversity"]["p"] == 0.0
-    json.dumps(m, allow_nan=False)
+    with pytest.raises(ValueError, match=r"at least 2 members \(M >= 2\).*got M = 1"):
+        evaluate_predictions(p, None, p.mean(1).argmax(-1))
 
 
 def test_input_errors(data: dict) -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from models.uncertainty import check_probs, margin_score, score_ensemble
+from models.uncertainty.validation import sum_tolerance
 
 
 def test_vgmu_by_hand() -> None:
@@ -37,11 +38,11 @@ def test_negative_abstain_k_rejected() -> None:
     ("probs", "message"),
     [
         (torch.ones(2, 3), "shape \\(B, M, C\\)"),
-        (torch.ones(2, 0, 3), "M >= 1"),
+        (torch.ones(2, 0, 3), "M >= [12]"),
         (torch.ones(2, 3, 1), "C >= 2"),
-        (torch.tensor([[[0.5, float("nan")]]]), "NaN or Inf"),
-        (torch.tensor([[[1.5, -0.5]]]), "non-negative"),
-        (torch.tensor([[[0.2, 0.2]]]), "sum to 1"),
+        (torch.tensor([[[0.5, 0.5], [0.5, float("nan")]]]), "NaN or Inf"),
+        (torch.tensor([[[0.5, 0.5], [1.5, -0.5]]]), "non-negative"),
+        (torch.tensor([[[0.5, 0.5], [0.2, 0.2]]]), "sum to 1"),
     ],
 )
 def test_bad_input_is_a_clear_value_error(probs: torch.Tensor, message: str) -> None:
@@ -76,3 +77,54 @@ def test_decision_scores_match_score_members() -> None:
             assert torch.equal(getattr(margin, name), getattr(full, name)), name
         for name in ("tu", "au", "eu"):
             assert torch.equal(getattr(dec, name), getattr(full, name)), name
+
+
+def test_single_member_is_not_an_ensemble() -> None:
+    """M = 1 has no spread (VGMU would never abstain, EU ≡ 0): ensemble scores refuse it."""
+    one = torch.full((2, 1, 3), 1 / 3)
+    check_probs(one)  # valid probabilities ...
+    with pytest.raises(ValueError, match=r"at least 2 members \(M >= 2\).*got M = 1"):
+        score_ensemble(one)  # ... but not an ensemble
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_softmax_rows_are_accepted(dtype: torch.dtype) -> None:
+    """Softmax rows rounded to bf16/fp16 miss 1 by up to a few ε; the tolerance scales with ε."""
+    g = torch.Generator().manual_seed(0)
+    for c in (10, 100, 1000):
+        logits = 4 * torch.randn(256, 5, c, generator=g)
+        p = torch.softmax(logits.to(dtype), dim=-1)
+        worst = float((p.float().sum(-1) - 1).abs().max())
+        assert worst > 1e-3 or dtype == torch.float16  # the old fixed 1e-3 refused bf16 rows
+        score_ensemble(p)  # accepted
+
+
+def test_tolerance_still_catches_unnormalised_half_rows() -> None:
+    assert sum_tolerance(torch.float32) == 1e-3 and sum_tolerance(torch.float64) == 1e-3
+    assert sum_tolerance(torch.bfloat16) == pytest.approx(4 * 2**-7)
+    assert sum_tolerance(torch.float16) == pytest.approx(4 * 2**-10)
+    bad = torch.tensor([[[0.6, 0.5], [0.5, 0.5]]], dtype=torch.bfloat16)  # sums to 1.1
+    with pytest.raises(ValueError, match="sum to 1"):
+        score_ensemble(bad)
+    with pytest.raises(ValueError, match="sum to 1"):
+        score_ensemble(torch.tensor([[[0.5, 0.505], [0.5, 0.5]]]))  # float32: 5e-3 off
+
+
+def test_one_distribution_per_answer_issue_case() -> None:
+    """The issue's case: p̄ = [.25, .40, .35] but q̄ = [.193, .358, .450] → the answer is class 2."""
+    from models.uncertainty import vgn
+
+    p = torch.tensor([[[0.5, 0.0, 0.5], [0.0, 0.8, 0.2]]], dtype=torch.float64)
+    q = vgn(p, 1.0)
+    torch.testing.assert_close(q.mean(1), torch.tensor([[0.193, 0.358, 0.450]], dtype=torch.float64),
+                               atol=1e-3, rtol=0)  # fmt: skip
+    s = score_ensemble(p, gate_k=1.0)
+    assert int(s.prediction[0]) == 2 == int(q.mean(1).argmax())
+    assert int(score_ensemble(p, gate_k=1.0, vgmu_on="p").prediction[0]) == 1
+
+
+def test_vgmu_on_q_without_gated_members_is_an_error() -> None:
+    from models.uncertainty import decision_scores
+
+    with pytest.raises(ValueError, match="no variance gate"):
+        decision_scores(torch.full((1, 2, 2), 0.5), None, vgmu_on="q")

@@ -75,6 +75,12 @@ def test_a5_eu_gap_narrows_with_k(gate_k: float | None, gap: float) -> None:
     assert round(got, 3) == pytest.approx(gap, abs=1e-12)
 
 
-def test_vgmu_ignores_the_gate() -> None:
-    """VGMU uses the raw members by default, so gating changes TU/AU/EU but not VGMU."""
-    assert scores("A3_Q0", 2.0)["vgmu"] == pytest.approx(scores("A3_Q0", None)["vgmu"])
+def test_gated_answer_is_one_distribution() -> None:
+    """With a gate the whole answer comes from q (default); ``vgmu_on="p"`` keeps the raw members."""
+    probs = torch.tensor([ENSEMBLES["A3_Q0"]], dtype=torch.float64)
+    raw = score_ensemble(probs, gate_k=None).to_records()[0]
+    on_p = score_ensemble(probs, gate_k=2.0, vgmu_on="p").to_records()[0]
+    on_q = score_ensemble(probs, gate_k=2.0).to_records()[0]
+    assert on_p["vgmu"] == pytest.approx(raw["vgmu"]) and on_p["eu"] == pytest.approx(raw["eu"])
+    gated = score_ensemble(torch.tensor([ENSEMBLES["A3_Q0"]], dtype=torch.float64), gate_k=2.0)
+    assert on_q["vgmu"] == pytest.approx(float(gated.vgmu[0])) and on_q["vgmu"] != raw["vgmu"]

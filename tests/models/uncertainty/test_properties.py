@@ -13,7 +13,7 @@ FLOAT_KEYS = ("vgmu", "snr", "tu", "au", "eu", "mutual_information", "epkl", "ep
 def ensembles(draw: st.DrawFn, max_b: int = 4) -> torch.Tensor:
     """Random (B, M, C) member probabilities, including exact zeros and near one-hot members."""
     b = draw(st.integers(1, max_b))
-    m = draw(st.integers(1, 6))
+    m = draw(st.integers(2, 6))  # ensemble scores need a spread: M >= 2
     c = draw(st.integers(2, 7))
     seed = draw(st.integers(0, 2**31 - 1))
     sharp = draw(st.sampled_from([0.1, 1.0, 5.0, 30.0]))
@@ -43,7 +43,7 @@ def test_a0_non_negative_and_in_range(p: torch.Tensor, gate_k: float | None) -> 
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=ensembles(), m=st.integers(1, 8), gate_k=gate_ks)
+@given(p=ensembles(), m=st.integers(2, 8), gate_k=gate_ks)
 def test_a1_identical_members_have_zero_eu(p: torch.Tensor, m: int, gate_k: float | None) -> None:
     identical = p[:, :1].expand(-1, m, -1).contiguous()
     s = score_ensemble(identical, gate_k=gate_k)
