@@ -128,6 +128,38 @@ def bundled_split() -> dict[str, np.ndarray]:
     return stratified_split(labels)
 
 
+def conform_image(image: torch.Tensor, in_channels: int, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 ``(C, H, W)`` (C in 1..4) or ``(H, W)`` -> uint8 ``(in_channels, *size)``.
+
+    Drops alpha, converts grayscale <-> RGB, resizes (antialiased) when the size differs; returns
+    the input itself when it already conforms. Raises ``ValueError`` naming the problem.
+    """
+    from torchvision.transforms.v2 import functional as TF
+
+    if not isinstance(image, torch.Tensor):
+        raise ValueError("image must be a torch.Tensor")
+    if image.dim() == 2:
+        image = image.unsqueeze(0)
+    if image.dim() != 3:
+        raise ValueError(f"image must have shape (C, H, W); got {tuple(image.shape)}")
+    if image.dtype != torch.uint8:
+        raise ValueError(f"image must be uint8; got {image.dtype}")
+    c = image.shape[0]
+    if c == 4:  # RGBA: drop alpha
+        image, c = image[:3], 3
+    if c == 2:  # grayscale + alpha
+        image, c = image[:1], 1
+    if c not in (1, 3):
+        raise ValueError(f"image must have 1, 3 or 4 channels; got {c}")
+    if c == 1 and in_channels == 3:
+        image = image.expand(3, -1, -1)
+    elif c == 3 and in_channels == 1:
+        image = TF.rgb_to_grayscale(image, num_output_channels=1)
+    if tuple(image.shape[-2:]) != tuple(size):
+        image = TF.resize(image, list(size), antialias=True)
+    return image.contiguous()
+
+
 def normalise_uint8(
     images: torch.Tensor,
     mean: tuple[float, ...] | list[float],

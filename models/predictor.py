@@ -1,28 +1,34 @@
-"""``Predictor``: what the service calls — prepare an image, run the ensemble, score the members.
+"""``Predictor``: a loaded model and everything a server asks of it.
 
-* :meth:`Predictor.prepare` turns a decoded uint8 image ``(C, H, W)`` into the model's input
-  (channels converted grayscale <-> RGB, resized to the card's input size, scaled to [0, 1] and
-  normalised with the card's mean/std) using ``torchvision.transforms.v2``.
-* :meth:`Predictor.forward` runs a batch under ``torch.inference_mode()`` on the predictor's device
-  and returns CPU tensors (:class:`~models.ensembles.EnsembleOutput`).
-* :meth:`Predictor.score` computes VGMU/SNR, the entropy decomposition and the abstain decision
-  with :func:`models.uncertainty.scoring.score_members` and adds the top-k labels/probabilities.
-  The served class probabilities are the mean of the gated members ``q̄`` for VGN models
-  (the prediction trained with the mixture loss, Section 3.1) and ``p̄`` otherwise.
+* :meth:`Predictor.conform` (uint8 image -> the card's channels and size, still uint8) and
+  :meth:`Predictor.prepare` (conform, then scale to [0, 1] and normalise with the card's mean/std),
+  with ``torchvision.transforms.v2``.
+* :meth:`Predictor.forward` runs prepared inputs and returns CPU tensors (evaluation, tests);
+  :meth:`Predictor.run` is the serving forward pass: a list of request inputs (uint8 pixels,
+  normalised on the device in one op, or prepared float32) -> device tensors.
+* :meth:`Predictor.options` resolves a request's options into a hashable
+  :class:`~models.serving.ScoreOptions` (the single place the default ``abstain_k`` is chosen);
+  :meth:`Predictor.score_columns` computes the served decision on the device and copies one packed
+  block back (:class:`~models.serving.ScoreColumns`); :meth:`Predictor.score` gives JSON-ready rows.
+
+One answer, one distribution (:func:`models.uncertainty.scoring.answer_members`): for VGN models the
+prediction, label, probabilities, VGMU/SNR, abstain and TU/AU/EU all come from the gated members
+``q`` (the mixture trained with the NLL, Section 3.1), for other models from ``p``.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torchvision.transforms.v2 import functional as TF
 
 from models.checkpoint import ModelCard, load_checkpoint
-from models.data import normalise_uint8
+from models.data import conform_image, normalise_uint8
 from models.ensembles import EnsembleOutput
+from models.serving import ScoreColumns, ScoreOptions, decide
 
 __all__ = ["Predictor", "default_device"]
 
@@ -41,6 +47,7 @@ class Predictor:
         self.device = device
         self._mean = list(card.mean)
         self._std = list(card.std)
+        self._decide = decide
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, device: str | torch.device | None = None) -> Predictor:
@@ -61,32 +68,17 @@ class Predictor:
     def class_names(self) -> list[str]:
         return self.card.class_names
 
+    def conform(self, image: Tensor) -> Tensor:
+        """uint8 ``(C, H, W)`` -> uint8 ``(Cin, H', W')``: the card's channels and size, not normalised.
+
+        What a server's front end does per image before the batch is normalised on the device
+        (:meth:`run`); see :func:`conform_image`.
+        """
+        return conform_image(image, self.card.in_channels, tuple(self.card.input_size))
+
     def prepare(self, image: Tensor) -> Tensor:
         """uint8 ``(C, H, W)`` (C in 1, 3, 4; or ``(H, W)``) -> float ``(Cin, H', W')`` model input."""
-        if not isinstance(image, Tensor):
-            raise ValueError("image must be a torch.Tensor")
-        if image.dim() == 2:
-            image = image.unsqueeze(0)
-        if image.dim() != 3:
-            raise ValueError(f"image must have shape (C, H, W); got {tuple(image.shape)}")
-        if image.dtype != torch.uint8:
-            raise ValueError(f"image must be uint8; got {image.dtype}")
-        c = image.shape[0]
-        if c == 4:  # RGBA: drop alpha
-            image, c = image[:3], 3
-        if c == 2:  # grayscale + alpha
-            image, c = image[:1], 1
-        if c not in (1, 3):
-            raise ValueError(f"image must have 1, 3 or 4 channels; got {c}")
-        want = self.card.in_channels
-        if c == 1 and want == 3:
-            image = image.expand(3, -1, -1)
-        elif c == 3 and want == 1:
-            image = TF.rgb_to_grayscale(image, num_output_channels=1)
-        size = list(self.card.input_size)
-        if list(image.shape[-2:]) != size:
-            image = TF.resize(image, size, antialias=True)
-        return normalise_uint8(image.contiguous(), self._mean, self._std)
+        return normalise_uint8(self.conform(image), self._mean, self._std)
 
     def forward(self, x: Tensor) -> EnsembleOutput:
         """``x`` (B, Cin, H', W') -> ``EnsembleOutput`` of CPU tensors ``(B, M, C)``."""
@@ -96,7 +88,39 @@ class Predictor:
                 out.p.float().cpu(), None if out.q is None else out.q.float().cpu()
             )
 
-    __call__ = forward
+    def run(self, parts: list[Tensor]) -> EnsembleOutput:
+        """The serving forward pass: request inputs in order -> ``EnsembleOutput`` on the device.
+
+        Each part is ``(n, Cin, H', W')``: uint8 pixels from :meth:`conform` (normalised here, in one
+        batched op on the device) or float32 already-prepared inputs. uint8 batches cross to the
+        device as one pinned host buffer (a quarter of the bytes of float32).
+        """
+        with torch.inference_mode():
+            if all(t.dtype == torch.uint8 for t in parts):
+                x = parts[0] if len(parts) == 1 else torch.cat(parts)
+                x = self._normalise(self._to_device(x))
+            else:
+                x = torch.cat(
+                    [
+                        self._normalise(self._to_device(t))
+                        if t.dtype == torch.uint8
+                        else self._to_device(t.float())
+                        for t in parts
+                    ]
+                )
+            return self.module(x)
+
+    def _to_device(self, x: Tensor) -> Tensor:
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device)
+
+    def _normalise(self, x: Tensor) -> Tensor:
+        """uint8 ``(B, Cin, H, W)`` on the device -> normalised float32, batched.
+
+        The same :func:`models.data.normalise_uint8` as :meth:`prepare` (bit-identical results).
+        """
+        return normalise_uint8(x, self._mean, self._std)
 
     def answer_members(self, vgmu_on: str | None = None) -> str:
         """``"q"``/``"p"``: the member set an answer comes from (``vgmu_on`` or the model's default).
@@ -119,6 +143,49 @@ class Predictor:
         k = self.card.abstain_k_for(self.answer_members(vgmu_on))
         return 1.0 if k is None else k
 
+    def options(
+        self,
+        *,
+        abstain_k: float | None = None,
+        vgmu_on: str | None = None,
+        top_k: int = 3,
+        default_abstain_k: float | None = None,
+    ) -> ScoreOptions:
+        """Resolve request options: the one place the default ``abstain_k`` is chosen.
+
+        ``abstain_k``: the request's, else ``default_abstain_k`` (a server-wide setting), else the
+        card's value calibrated for the answer's member set, else 1.0. ``top_k`` is clipped to C.
+        Raises ``ValueError`` for ``vgmu_on="q"`` on a model without a gate.
+        """
+        which = self.answer_members(vgmu_on)
+        if abstain_k is None:
+            abstain_k = default_abstain_k
+        k = self.default_abstain_k(which) if abstain_k is None else float(abstain_k)
+        n = max(1, min(int(top_k), self.card.num_classes))
+        return ScoreOptions(abstain_k=k, members=which, top_k=n)  # type: ignore[arg-type]
+
+    def score_columns(self, out: EnsembleOutput, options: ScoreOptions) -> ScoreColumns:
+        """The served decision for a batch's output, computed on its device, one copy to the host."""
+        members = out.q if options.members == "q" else out.p
+        if members is None:
+            raise ValueError("vgmu_on='q' needs a VGN model")
+        with torch.inference_mode():
+            packed = self._decide(members.float(), options.abstain_k, options.top_k)
+        return ScoreColumns.from_tensor(packed)
+
+    def compile(self) -> None:
+        """Compile the forward pass and the decision with ``torch.compile`` (CUDA graphs on a GPU).
+
+        Falls back to eager execution, with a warning, when compilation fails.
+        """
+        try:
+            mode = "reduce-overhead" if self.device.type == "cuda" else None
+            self.module = torch.compile(self.module, mode=mode, dynamic=False)
+            self._decide = torch.compile(decide, dynamic=False)
+        except Exception as exc:  # noqa: BLE001 - any backend failure means "run eagerly"
+            warnings.warn(f"torch.compile failed, running eagerly: {exc}", stacklevel=2)
+            self._decide = decide
+
     def score(
         self,
         out: EnsembleOutput,
@@ -130,49 +197,5 @@ class Predictor:
         """One dict per row: ``prediction, label, probabilities [{label, probability}], vgmu, snr,
         tu, au, eu, abstain, abstain_k`` — all of one member set, so ``probabilities[0]`` is the
         predicted class."""
-        from models.uncertainty.scoring import decision_scores
-
-        which = self.answer_members(vgmu_on)
-        k = self.default_abstain_k(which) if abstain_k is None else float(abstain_k)
-        members = out.q if which == "q" else out.p
-        margin, dec = decision_scores(
-            out.p, out.q, abstain_k=k, vgmu_on=which,  # type: ignore[arg-type]
-            validate=False,
-        )  # fmt: skip
-        probs = members.mean(dim=1)  # (B, C), the mean VGMU's prediction is the argmax of
-        n = max(1, min(int(top_k), probs.shape[-1]))
-        # Stable descending sort: ties keep the lowest index first, exactly like argmax, so the
-        # first listed probability is always the prediction.
-        top_p, top_i = (t[:, :n] for t in probs.sort(dim=-1, descending=True, stable=True))
-        names = self.card.class_names
-        columns = zip(
-            margin.prediction.tolist(),
-            margin.abstain.tolist(),
-            margin.vgmu.tolist(),
-            margin.snr.tolist(),
-            dec.tu.tolist(),
-            dec.au.tolist(),
-            dec.eu.tolist(),
-            top_p.tolist(),
-            top_i.tolist(),
-            strict=True,
-        )
-        rows = [
-            {
-                "prediction": pred,
-                "label": names[pred],
-                "probabilities": [
-                    {"label": names[i], "probability": float(v)}
-                    for i, v in zip(ti, tp, strict=True)
-                ],
-                "vgmu": vgmu,
-                "snr": snr,
-                "tu": tu,
-                "au": au,
-                "eu": eu,
-                "abstain": bool(abstain),
-                "abstain_k": k,
-            }
-            for pred, abstain, vgmu, snr, tu, au, eu, tp, ti in columns
-        ]
-        return rows
+        opts = self.options(abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=top_k)
+        return self.score_columns(out, opts).records(self.card.class_names, opts.abstain_k)

@@ -1,17 +1,21 @@
-"""Dynamic batcher: gathers concurrent requests into one forward pass.
+"""Dynamic batcher (in the engine): gathers concurrent requests from every front end into one pass.
 
-Requests (each one or more prepared images) wait in a bounded queue. The batch loop takes the
-oldest request and, while more requests are on their way (being decoded; or always, with
-``wait_always``), waits up to ``max_delay_s`` for them, until ``max_batch_size`` images are gathered, then runs the forward pass and each request's scoring in a single worker thread, so the
-event loop never computes. While one batch computes, the next one fills.
+Requests (each one or more images, already in shared memory) wait in one bounded queue. The batch
+loop takes the oldest request and the ones behind it for the same model generation, up to
+``max_batch_size`` images, runs the forward pass and the scoring in one worker thread, and answers
+each request with its rows of the packed score columns. While one batch computes, the next one
+fills — that is where batching comes from under load (``batch_wait="adaptive"``: a lone request
+runs at once). With ``batch_wait="always"`` the loop waits up to ``max_delay_s`` for a fuller
+batch (Triton's ``max_queue_delay``).
 
-Guarantees:
+Guarantees (each tested in tests/service/test_batcher.py):
 
 * bounded queue: a request that does not fit is refused at once with 503 + ``Retry-After``;
 * deadlines: a request whose deadline passes while queued is dropped before compute (504);
   one already computing is answered when its batch finishes;
 * a batch holds requests for one predictor only, so after a hot swap, requests admitted for the
   old model finish on it;
+* requests with equal :class:`~models.serving.ScoreOptions` are scored in one call;
 * every accepted request gets exactly one answer, including on shutdown (:meth:`drain`).
 """
 
@@ -25,13 +29,14 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
 from models.ensembles import EnsembleOutput
+from models.serving import ScoreColumns, ScoreOptions
 from service.errors import DeadlineExceeded, QueueFull
 from service.metrics import Metrics
 
@@ -50,29 +55,16 @@ class _Unit:
 
     predictor: Any
     model: str
-    x: torch.Tensor
-    post: Callable[[Any], list[Any]]
-    post_key: Hashable
+    x: torch.Tensor  # (n, Cin, H, W) uint8 pixels or float32 prepared input
+    options: ScoreOptions
     deadline: float
     enqueued: float
-    future: asyncio.Future[Any]
+    future: asyncio.Future[ScoreColumns]
     state: _State = _State.QUEUED
 
     @property
     def rows(self) -> int:
         return int(self.x.shape[0])
-
-
-def _take_rows(out: EnsembleOutput, rows: slice | torch.Tensor) -> EnsembleOutput:
-    """The given rows (a slice or an index tensor) of a batch's ensemble output."""
-    return EnsembleOutput(out.p[rows], None if out.q is None else out.q[rows])
-
-
-def _concat_outputs(outs: list[EnsembleOutput]) -> EnsembleOutput:
-    if len(outs) == 1:
-        return outs[0]
-    q = None if outs[0].q is None else torch.cat([o.q for o in outs])  # type: ignore[misc]
-    return EnsembleOutput(torch.cat([o.p for o in outs]), q)
 
 
 class Batcher:
@@ -99,7 +91,6 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vge-compute")
-        self._incoming = 0  # requests being decoded that will be submitted next
         self._batch_s = 0.01  # running estimate of one batch's compute time (for Retry-After)
 
     # ------------------------------------------------------------------ lifecycle
@@ -117,13 +108,8 @@ class Batcher:
         """Images waiting in the queue."""
         return self._rows
 
-    def stop_admitting(self) -> None:
-        """Refuse new requests (503) from now on; queued ones run at once (no more will come)."""
-        self._admitting = False
-        self._wakeup.set()
-
     async def drain(self, timeout_s: float) -> None:
-        """Stop admitting, flush the queue without waiting for more, and stop the loop.
+        """Stop admitting, compute what is queued without waiting for more, stop the loop.
 
         Requests still queued after ``timeout_s`` are answered 503, so none is left unanswered.
         """
@@ -144,27 +130,12 @@ class Batcher:
                     QueueFull(
                         "the server shut down before this request ran; retry",
                         headers={"Retry-After": "1"},
-                    )  # fmt: skip
+                    )
                 )
         self._rows = 0
         self._executor.shutdown(wait=False)
 
     # ------------------------------------------------------------------ admission
-    @contextlib.contextmanager
-    def incoming(self) -> Iterator[None]:
-        """Wrap the decoding of a request that will be submitted right after.
-
-        Unless ``wait_always``, the batch loop waits for more requests (up to ``max_delay_s``)
-        only while some are on their way; with none in flight a lone request runs at once, so
-        batching adds no latency at low load.
-        """
-        self._incoming += 1
-        try:
-            yield
-        finally:
-            self._incoming -= 1
-            self._wakeup.set()
-
     def _retry_after(self) -> str:
         batches_ahead = math.ceil((self._rows + 1) / self.max_batch_size)
         return str(max(1, math.ceil(batches_ahead * self._batch_s)))
@@ -174,22 +145,18 @@ class Batcher:
         predictor: Any,
         model: str,
         x: torch.Tensor,
-        post: Callable[[Any], list[Any]],
+        options: ScoreOptions,
         timeout_s: float,
-        post_key: Hashable = None,
-    ) -> list[Any]:
-        """Queue ``x`` (N, ...) for ``predictor``; return ``post(EnsembleOutput rows)``.
+    ) -> ScoreColumns:
+        """Queue ``x`` (n, Cin, H, W) for ``predictor``; return its rows' packed score columns.
 
-        ``post`` (scoring) runs in the compute thread right after the forward pass and returns
-        one item per row. Requests of a batch with equal ``post_key`` are post-processed in one
-        call (batched scoring), so ``post`` must depend only on the key and the rows.
         Raises :class:`QueueFull` (503) or :class:`DeadlineExceeded` (504).
         """
         if not self._admitting:
             raise QueueFull(
-                "the server is shutting down and admits no new requests; retry on another "
-                "replica", headers={"Retry-After": "1"},
-            )  # fmt: skip
+                "the server is shutting down and admits no new requests; retry on another replica",
+                headers={"Retry-After": "1"},
+            )
         n = int(x.shape[0])
         if self._rows + n > self.max_queue_length:
             raise QueueFull(
@@ -197,28 +164,25 @@ class Batcher:
                 "retry after the Retry-After seconds",
                 headers={"Retry-After": self._retry_after()},
             )
-        loop = asyncio.get_running_loop()
         now = time.monotonic()
-        unit = _Unit(
-            predictor, model, x, post, post_key, now + timeout_s, now, loop.create_future()
-        )
+        future: asyncio.Future[ScoreColumns] = asyncio.get_running_loop().create_future()
+        unit = _Unit(predictor, model, x, options, now + timeout_s, now, future)
         self._pending.append(unit)
         self._rows += n
         self.metrics.queue_depth.labels(model=model).set(self._rows)
         self._wakeup.set()
         try:
-            return await asyncio.wait_for(asyncio.shield(unit.future), timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
             if unit.state is _State.TAKEN:  # already computing: answer when it is done
-                return await unit.future
+                return await future
             self._remove(unit)
             raise DeadlineExceeded(
                 f"the request's deadline of {timeout_s:g}s passed while it was queued; it was not "
                 "computed (raise timeout_s or retry)"
             ) from None
-        except asyncio.CancelledError:  # client went away
-            if unit.state is _State.QUEUED:
-                self._remove(unit)
+        except asyncio.CancelledError:  # the front end went away
+            self._remove(unit)
             raise
 
     def _remove(self, unit: _Unit) -> None:
@@ -274,9 +238,9 @@ class Batcher:
             first = self._pending[0]
             flush_at = first.enqueued + self.max_delay_s
             while (
-                self._admitting
+                self.wait_always
+                and self._admitting
                 and first.state is _State.QUEUED
-                and (self.wait_always or self._incoming > 0)
                 and self._rows_for(first.predictor) < self.max_batch_size
             ):
                 remaining = flush_at - time.monotonic()
@@ -293,37 +257,34 @@ class Batcher:
             if batch:
                 await self._run(batch)
 
-    def _compute(self, batch: list[_Unit]) -> list[tuple[bool, Any]]:
-        """Worker thread: one forward pass (chunked at max_batch_size), then each unit's post."""
+    @staticmethod
+    def _compute(batch: list[_Unit]) -> list[tuple[bool, Any]]:
+        """Worker thread: one forward pass, then one scoring call per distinct option set."""
         predictor = batch[0].predictor
-        x = batch[0].x if len(batch) == 1 else torch.cat([u.x for u in batch])
-        outs = [
-            predictor.forward(x[i : i + self.max_batch_size])
-            for i in range(0, x.shape[0], self.max_batch_size)
-        ]
-        out = _concat_outputs(outs)
-        # Post-process (score) requests with equal options together: one call per option set.
-        spans: dict[Hashable, list[tuple[int, int, int]]] = {}
+        out = predictor.run([u.x for u in batch])  # EnsembleOutput (B, M, C) on the device
+        groups: dict[ScoreOptions, list[tuple[int, int, int]]] = {}
         start = 0
         for n, unit in enumerate(batch):
-            spans.setdefault(unit.post_key, []).append((n, start, start + unit.rows))
+            groups.setdefault(unit.options, []).append((n, start, start + unit.rows))
             start += unit.rows
         results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
-        for group in spans.values():
-            if len(group) == 1:
-                _, i, j = group[0]
-                part = _take_rows(out, slice(i, j))  # a view, no copy
+        for options, spans in groups.items():
+            if len(spans) == len(batch):
+                part = out
             else:
-                part = _take_rows(out, torch.cat([torch.arange(i, j) for _, i, j in group]))
+                index = torch.as_tensor(
+                    np.concatenate([np.arange(i, j) for _, i, j in spans]), device=out.p.device
+                )
+                part = EnsembleOutput(out.p[index], None if out.q is None else out.q[index])
             try:
-                items = batch[group[0][0]].post(part)
+                columns = predictor.score_columns(part, options)
             except Exception as exc:  # noqa: BLE001 - delivered to these requests only
-                for n, _, _ in group:
+                for n, _, _ in spans:
                     results[n] = (False, exc)
                 continue
             offset = 0
-            for n, i, j in group:
-                results[n] = (True, items[offset : offset + (j - i)])
+            for n, i, j in spans:
+                results[n] = (True, columns.rows(offset, offset + j - i))
                 offset += j - i
         return results
 

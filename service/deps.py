@@ -1,33 +1,38 @@
-"""Shared application state and the ``Annotated`` dependencies routes declare."""
+"""Shared front-end state and the ``Annotated`` dependencies routes declare."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.batcher import Batcher
-from service.jobs import JobManager
+from service.engine_client import EngineClient
 from service.metrics import Metrics
-from service.model_manager import ModelManager
+from service.model_manager import ModelInfo
 from service.settings import Settings
 
 
 @dataclass
 class ServiceState:
-    """Everything a request may touch; built by :func:`service.app.create_app`."""
+    """Everything a request may touch in a front-end process; built by :func:`service.app.create_app`."""
 
     settings: Settings
     metrics: Metrics
-    models: ModelManager
-    batcher: Batcher | None = None
-    jobs: JobManager | None = None
+    engine: EngineClient
     decode_pool: ThreadPoolExecutor | None = None
     draining: bool = False
     drain_started: float | None = None  # time.monotonic() of SIGTERM, when the server drains
-    started: bool = field(default=False)
+
+    def model(self, name: str | None = None) -> ModelInfo:
+        """The served model (503 while the engine starts), checking ``name`` when given (404)."""
+        from service.errors import NotFound
+
+        model = self.engine.current_model()
+        if name is not None and name != model.name:
+            raise NotFound(f"unknown model {name!r}; this server serves {model.name!r}")
+        return model
 
 
 async def get_state(request: Request) -> ServiceState:

@@ -1,53 +1,76 @@
-"""The request path shared by /v1/predict and /v2 infer: batch → forward → score → respond."""
+"""The request path shared by /v1/predict and /v2 infer: decode → engine (batch, forward, score).
+
+Front ends do no math: they resolve options (:meth:`ModelInfo.options`, the single place the
+default ``abstain_k`` is chosen), place the request's tensor in shared memory, and wait for the
+engine's packed score columns, which routes encode as /v1 JSON or V2 tensors.
+"""
 
 from __future__ import annotations
 
-from functools import partial
-from typing import Any
-
 import torch
 
+from models.serving import ScoreColumns, ScoreOptions
+from service.decode import decode_into
 from service.deps import ServiceState
-from service.errors import NotReady
-from service.model_manager import LoadedModel
+from service.model_manager import ModelInfo
 
 
-def effective_abstain_k(state: ServiceState, model: LoadedModel, requested: float | None) -> float:
-    """The request's ``abstain_k``, else the server default, else the card's calibration, else 1."""
-    if requested is not None:
-        return float(requested)
-    if state.settings.abstain_k is not None:
-        return float(state.settings.abstain_k)
-    calibrated = model.calibrated_abstain_k
-    return calibrated if calibrated is not None else 1.0
-
-
-async def infer(
+def resolve_options(
     state: ServiceState,
-    model: LoadedModel,
-    x: torch.Tensor,
+    model: ModelInfo,
     *,
-    abstain_k: float,
-    vgmu_on: str,
+    abstain_k: float | None,
+    vgmu_on: str | None,
     top_k: int,
-    timeout_s: float | None,
-) -> list[dict[str, Any]]:
-    """Queue prepared inputs ``x`` (N, Cin, H, W) on the batcher; return one result per row.
-
-    Scoring (``Predictor.score``) runs in the compute thread right after the batch's forward pass,
-    on the predictor that computed it (a hot swap never mixes models), once for all requests of
-    the batch that share the same options.
-    """
-    if state.batcher is None:
-        raise NotReady("the service is starting; no batcher yet")
-    post = partial(model.predictor.score, abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=top_k)
-    results: list[dict[str, Any]] = await state.batcher.submit(
-        model.predictor,
-        model.name,
-        x,
-        post,
-        timeout_s if timeout_s is not None else state.settings.request_timeout_s,
-        post_key=(abstain_k, vgmu_on, top_k),
+) -> ScoreOptions:
+    """Request options → :class:`ScoreOptions` (422 for ``vgmu_on=q`` without a gate)."""
+    return model.options(
+        abstain_k=abstain_k,
+        vgmu_on=vgmu_on,
+        top_k=top_k,
+        default_abstain_k=state.settings.abstain_k,
     )
-    state.metrics.record_predictions(model.name, [bool(r["abstain"]) for r in results])
-    return results
+
+
+async def predict_images(
+    state: ServiceState,
+    model: ModelInfo,
+    blobs: list[bytes],
+    options: ScoreOptions,
+    timeout_s: float | None,
+) -> ScoreColumns:
+    """Decode encoded images into shared memory and score them; one row per image."""
+    assert state.decode_pool is not None
+    region = state.engine.allocate(torch.uint8, (len(blobs), *model.input_shape))
+    try:
+        await decode_into(blobs, region.tensor, state.settings, state.decode_pool)
+    except BaseException:
+        state.engine.release(region)
+        raise
+    return await _score(state, model, region, options, timeout_s)
+
+
+async def predict_tensor(
+    state: ServiceState,
+    model: ModelInfo,
+    x: torch.Tensor,
+    options: ScoreOptions,
+    timeout_s: float | None,
+) -> ScoreColumns:
+    """Score a ready tensor ``(n, Cin, H, W)``: uint8 conformed pixels or float32 model input."""
+    region = state.engine.allocate(x.dtype, tuple(x.shape))
+    region.tensor.copy_(x)
+    return await _score(state, model, region, options, timeout_s)
+
+
+async def _score(
+    state: ServiceState,
+    model: ModelInfo,
+    region: object,
+    options: ScoreOptions,
+    timeout_s: float | None,
+) -> ScoreColumns:
+    timeout = timeout_s if timeout_s is not None else state.settings.request_timeout_s
+    columns = await state.engine.infer(model, region, options, timeout)  # type: ignore[arg-type]
+    state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
+    return columns

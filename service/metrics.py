@@ -1,10 +1,17 @@
 """Prometheus metrics, named exactly as in docs/architecture.md (dashboards depend on the names).
 
-One :class:`Metrics` per app, on its own registry, so several apps (tests) never clash. Latency
-histograms use :data:`LATENCY_BUCKETS`, which resolve 1 ms to 10 s.
+``vge serve`` runs several processes (front ends and an engine, see :mod:`service.supervisor`), so
+metrics use prometheus-client's *multiprocess mode*: the supervisor points
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before any process imports prometheus-client;
+every process writes its samples there, and whichever front end answers ``/metrics`` aggregates all
+of them (:meth:`Metrics.render`) — counters and histograms summed over processes, gauges summed over
+live processes (``livesum``). Without that variable (a library user, a test) each :class:`Metrics`
+keeps its own registry. Latency histograms use :data:`LATENCY_BUCKETS`, which resolve 0.5 ms to 30 s.
 """
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -13,6 +20,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -68,10 +76,17 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "vge_queue_depth", "Images waiting in the batcher's queue.", ["model"], registry=r
+            "vge_queue_depth",
+            "Images waiting in the batcher's queue.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.inflight = Gauge(
-            "vge_inflight_requests", "HTTP requests being handled right now.", registry=r
+            "vge_inflight_requests",
+            "HTTP requests being handled right now.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.predictions = Counter(
             "vge_predictions",
@@ -94,16 +109,36 @@ class Metrics:
             registry=r,
         )
         self.training_jobs = Gauge(
-            "vge_training_jobs", "Training jobs by state.", ["state"], registry=r
+            "vge_training_jobs",
+            "Training jobs by state.",
+            ["state"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.device_memory = Gauge(
             "vge_device_memory_bytes",
-            "Accelerator memory in use by this process.",
+            "Accelerator memory in use by the engine.",
             ["device", "kind"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.engine_ready = Gauge(
+            "vge_engine_ready",
+            "1 while the engine has a model loaded and admits requests, else 0.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.worker_restarts = Counter(
+            "vge_process_restarts",
+            "Server processes restarted after they died, by role (frontend, engine).",
+            ["role"],
             registry=r,
         )
         for reason in ("queue_full", "deadline", "bad_input", "payload_too_large", "unauthorized"):
             self.rejections.labels(reason=reason)
+
+    def init_job_states(self) -> None:
+        """Export every job state (0 until jobs exist); only the process that owns jobs calls it."""
         for state in JOB_STATES:
             self.training_jobs.labels(state=state).set(0)
 
@@ -131,6 +166,10 @@ class Metrics:
             )
 
     def render(self) -> bytes:
-        """The registry in the Prometheus text exposition format."""
+        """The whole server's metrics (all processes) in the Prometheus text exposition format."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
         self.update_device_memory()
         return generate_latest(self.registry)

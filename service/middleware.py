@@ -1,9 +1,10 @@
-"""ASGI middleware: request metrics (duration, in-flight) and the request-body size cap."""
+"""ASGI middleware: request metrics (duration, in-flight), the body size cap, and the drain marker."""
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -101,3 +102,31 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, limited_receive, send)
+
+
+class DrainMiddleware:
+    """While the server drains (after SIGTERM), mark every response ``Connection: close``.
+
+    Keep-alive clients then open their next request on a fresh connection — which a load balancer
+    that saw ``/readyz`` turn 503 sends to another replica — instead of writing it into a connection
+    that is about to close.
+    """
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start" and self.state.draining:
+                headers = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"
+                ]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)

@@ -1,9 +1,14 @@
-"""The served model: load, verify, describe, and hot-swap (load-then-swap).
+"""The served model, in the engine: load, verify, warm up, and hot-swap (load-then-swap).
 
 A reload or promote loads and verifies the new model completely (in a thread, off the event loop)
-and only then swaps one reference. Requests already admitted hold the old predictor and finish on
-it; the old model is freed when its last request is done. A failed load leaves the served model
-untouched.
+and only then swaps one reference and bumps the *generation*. Requests carry the generation their
+inputs were prepared for; queued requests of the previous generation still run on the previous
+predictor (kept until the next swap), and a batch never mixes generations, so in-flight batches
+finish on the old model. A failed load leaves the served model untouched.
+
+:class:`ModelInfo` is what front ends know about the served model (they never load it): name,
+version, classes, input shape, which member set answers, the calibrated ``abstain_k`` per member
+set, and the JSON that ``GET /v1/models`` shows.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 
 import torch
 
-from service.errors import InvalidValue, NotFound
+from models.serving import ScoreOptions
+from service.errors import InvalidValue, NotFound, NotReady
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -28,55 +34,62 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass(frozen=True)
+class ModelInfo:
+    """What a front end needs to prepare inputs, resolve options and encode answers."""
+
+    generation: int
+    name: str
+    version: str
+    class_names: tuple[str, ...]
+    vgn: bool
+    in_channels: int
+    input_size: tuple[int, int]
+    calibrated_k: dict[str, float | None]  # by member set, "p" / "q"
+    description: dict[str, Any] = field(compare=False)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return (self.in_channels, *self.input_size)
+
+    @property
+    def answer_members(self) -> str:
+        return "q" if self.vgn else "p"
+
+    def options(
+        self,
+        *,
+        abstain_k: float | None,
+        vgmu_on: str | None,
+        top_k: int,
+        default_abstain_k: float | None,
+    ) -> ScoreOptions:
+        """Resolve request options exactly like :meth:`models.predictor.Predictor.options`.
+
+        ``abstain_k``: the request's, else the server default, else the card's value calibrated
+        for the answer's member set, else 1.0. ``vgmu_on="q"`` on a model without a gate is a 422.
+        """
+        which = vgmu_on or self.answer_members
+        if which == "q" and not self.vgn:
+            raise InvalidValue(
+                f"vgmu_on=q needs a VGN model; {self.name!r} has no variance gate "
+                "(use vgmu_on=p or leave it unset)"
+            )
+        if abstain_k is None:
+            abstain_k = default_abstain_k
+        if abstain_k is None:
+            abstain_k = self.calibrated_k.get(which)
+        k = 1.0 if abstain_k is None else float(abstain_k)
+        n = max(1, min(int(top_k), len(self.class_names)))
+        return ScoreOptions(abstain_k=k, members=which, top_k=n)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class LoadedModel:
-    """A verified, warmed-up predictor and what the API reports about it."""
+    """A verified, warmed-up predictor in the engine."""
 
     predictor: Any
     model_dir: Path
-    device: str
-    input_shape: tuple[int, ...]
-    loaded_at: float = field(default_factory=time.time)
-
-    @property
-    def card(self) -> Any:
-        return self.predictor.card
-
-    @property
-    def name(self) -> str:
-        return str(self.card.name)
-
-    @property
-    def version(self) -> str:
-        return str(self.card.version)
-
-    @property
-    def class_names(self) -> list[str]:
-        return [str(c) for c in self.card.class_names]
-
-    @property
-    def calibrated_abstain_k(self) -> float | None:
-        """The card's calibrated abstain_k, when the model was calibrated."""
-        k = getattr(self.card, "abstain_k", None)
-        return float(k) if k is not None else None
-
-    def describe(self) -> dict[str, Any]:
-        """JSON for ``GET /v1/models`` (no filesystem paths: the endpoint is unauthenticated)."""
-        card = self.card
-        return {
-            "name": self.name,
-            "version": self.version,
-            "description": getattr(card, "description", ""),
-            "classes": self.class_names,
-            "ensemble_kind": getattr(card, "ensemble", None),
-            "members": getattr(card, "members", None),
-            "vgn": getattr(card, "vgn", None),
-            "device": self.device,
-            "abstain_k": self.calibrated_abstain_k,
-            "metrics": getattr(card, "metrics", {}),
-            "input_shape": list(self.input_shape),
-            "created_at": getattr(card, "created_at", None),
-            "loaded_at": self.loaded_at,
-        }
+    info: ModelInfo
 
 
 def default_model_dir() -> Path:
@@ -86,54 +99,102 @@ def default_model_dir() -> Path:
     return Path(zoo_default())
 
 
-def _load_sync(model_dir: Path, device: str) -> LoadedModel:
+def _describe(predictor: Any, generation: int, device: str) -> ModelInfo:
+    card = predictor.card
+    calibrated = {m: card.abstain_k_for(m) for m in ("p", "q")}
+    info = ModelInfo(
+        generation=generation,
+        name=card.name,
+        version=card.version,
+        class_names=tuple(str(c) for c in card.class_names),
+        vgn=bool(card.vgn),
+        in_channels=int(card.in_channels),
+        input_size=(int(card.input_size[0]), int(card.input_size[1])),
+        calibrated_k=calibrated,
+        description={},
+    )
+    description = {
+        "name": card.name,
+        "version": card.version,
+        "description": card.description,
+        "classes": list(info.class_names),
+        "ensemble_kind": card.ensemble,
+        "members": card.members,
+        "vgn": card.vgn,
+        "answer_members": info.answer_members,
+        "device": device,
+        "abstain_k": calibrated[info.answer_members],
+        "abstain_k_by_members": calibrated,
+        "metrics": card.metrics,
+        "input_shape": list(info.input_shape),
+        "created_at": card.created_at,
+        "loaded_at": time.time(),
+    }
+    return ModelInfo(**{**info.__dict__, "description": description})
+
+
+def _load_sync(model_dir: Path, device: str, generation: int, compile_: bool) -> LoadedModel:
     from models.predictor import Predictor
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available; use --device cpu")
     predictor = Predictor.from_dir(model_dir, device=device)
-    # Probe the input shape and warm the model up, so the first request is not slow.
-    x = predictor.prepare(torch.zeros((1, 28, 28), dtype=torch.uint8))
-    predictor.forward(x.unsqueeze(0))
-    return LoadedModel(predictor, Path(model_dir), str(predictor.device), tuple(x.shape))
+    if compile_:
+        predictor.compile()
+    # Warm up (and, when compiled, capture) so the first request is not slow.
+    x = predictor.conform(torch.zeros((1, 28, 28), dtype=torch.uint8)).unsqueeze(0)
+    out = predictor.run([x])
+    predictor.score_columns(out, predictor.options())
+    return LoadedModel(predictor, Path(model_dir), _describe(predictor, generation, device))
 
 
 class ModelManager:
-    """Holds the served model; swaps it atomically."""
+    """Holds the served model (and the previous generation); swaps atomically."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
         self._current: LoadedModel | None = None
+        self._previous: LoadedModel | None = None
+        self._generation = 0
         self._lock = asyncio.Lock()
 
     @property
     def current(self) -> LoadedModel | None:
-        """The served model, or None before the first load."""
         return self._current
 
-    def get(self, name: str | None = None) -> LoadedModel:
-        """The served model, checking ``name`` when given (404 for an unknown model)."""
-        model = self._current
-        if model is None:
-            from service.errors import NotReady
-
+    def predictor_for(self, generation: int) -> Any:
+        """The predictor of ``generation`` (current or previous), else a 503 asking for a retry."""
+        for loaded in (self._current, self._previous):
+            if loaded is not None and loaded.info.generation == generation:
+                return loaded.predictor
+        if self._current is None:
             raise NotReady("no model is loaded yet")
-        if name is not None and name != model.name:
-            raise NotFound(f"unknown model {name!r}; this server serves {model.name!r}")
-        return model
+        raise NotReady(
+            "the served model was swapped twice while this request waited; retry",
+            headers={"Retry-After": "1"},
+        )
 
     async def load(self, model_dir: Path) -> LoadedModel:
         """Load and verify ``model_dir`` off the event loop, then swap it in."""
         async with self._lock:
             t0 = time.perf_counter()
-            loaded = await asyncio.to_thread(_load_sync, model_dir, self.settings.resolved_device())
-            self.metrics.model_load.labels(model=loaded.name).observe(time.perf_counter() - t0)
-            old, self._current = self._current, loaded
+            loaded = await asyncio.to_thread(
+                _load_sync,
+                Path(model_dir),
+                self.settings.resolved_device(),
+                self._generation + 1,
+                self.settings.resolved_compile(),
+            )
+            self._generation += 1
+            self.metrics.model_load.labels(model=loaded.info.name).observe(time.perf_counter() - t0)
+            self._previous, self._current = self._current, loaded
+            old = self._previous
             log.info(
                 "serving %s %s from %s on %s%s",
-                loaded.name, loaded.version, model_dir, loaded.device,
-                f" (replacing {old.name} {old.version})" if old else "",
+                loaded.info.name, loaded.info.version, model_dir,
+                loaded.info.description["device"],
+                f" (replacing {old.info.name} {old.info.version})" if old else "",
             )  # fmt: skip
             return loaded
 
@@ -143,7 +204,9 @@ class ModelManager:
 
     async def reload(self) -> LoadedModel:
         """Load the served model's directory again (e.g. after its files changed)."""
-        return await self.load_checked(self.get().model_dir)
+        if self._current is None:
+            raise NotReady("no model is loaded yet")
+        return await self.load_checked(self._current.model_dir)
 
     def resolve(self, name: str) -> Path:
         """A model directory under ``models_root`` by name (no paths, no traversal)."""

@@ -66,6 +66,21 @@ class Settings(BaseSettings):
     max_image_pixels: Annotated[int, Field(ge=1)] = 4096 * 4096
     max_images: Annotated[int, Field(ge=1)] = 64
 
+    # --- processes ---------------------------------------------------------------------------
+    workers: Annotated[int, Field(ge=0, le=256)] = Field(
+        0,
+        description="HTTP front-end processes (parse, decode, respond); 0: one per CPU available "
+        "to this process. One engine process per device owns the model and the batcher.",
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile the forward pass and the decision (CUDA graphs on a GPU); "
+        "auto: on for CUDA, off on CPU. Falls back to eager when compilation fails.",
+    )
+    shm_mb_per_worker: Annotated[int, Field(ge=1, le=65536)] = Field(
+        64, description="Shared-memory arena per front end for request tensors (MiB, sparse)."
+    )
+
     # --- threads -----------------------------------------------------------------------------
     decode_workers: Annotated[int, Field(ge=1, le=256)] = 4
     torch_threads: Annotated[int, Field(ge=0, le=256)] = Field(
@@ -86,6 +101,11 @@ class Settings(BaseSettings):
     max_concurrent_jobs: Annotated[int, Field(ge=1, le=64)] = 1
 
     # --- lifecycle ---------------------------------------------------------------------------
+    drain_s: Annotated[float, Field(ge=0.0, le=3600.0)] = Field(
+        5.0,
+        description="On SIGTERM: keep answering (readiness false, Connection: close) this long "
+        "before closing the listener, so load balancers move traffic away without errors.",
+    )
     shutdown_grace_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -155,6 +175,23 @@ class Settings(BaseSettings):
     def max_queue_delay_s(self) -> float:
         """The batcher's maximum wait for more requests, in seconds."""
         return self.max_queue_delay_ms / 1000.0
+
+    def resolved_workers(self) -> int:
+        """Front-end processes: ``workers``, else the CPUs this process may run on."""
+        import os
+
+        if self.workers:
+            return self.workers
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not Linux
+            return max(1, os.cpu_count() or 1)
+
+    def resolved_compile(self) -> bool:
+        """Whether the engine compiles (``auto``: on CUDA devices only)."""
+        if self.compile == "auto":
+            return self.resolved_device().startswith("cuda")
+        return self.compile == "on"
 
     def resolved_torch_threads(self) -> int | None:
         """Intra-op threads to set, or None to keep torch's default (GPU, auto)."""

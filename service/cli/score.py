@@ -30,7 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--abstain-k", type=float, default=1.0, help="deferral threshold (>= 0, default 1.0)"
     )
     p.add_argument(
-        "--vgmu-on", choices=("p", "q"), default="p", help="members used for VGMU/abstain"
+        "--vgmu-on",
+        choices=("p", "q"),
+        default=None,
+        help="member set the answer comes from: q (gated; default with --gate-k) or p (raw)",
     )
     p.set_defaults(func=run)
 

@@ -18,6 +18,9 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("model_dir", Path, "model directory to serve (VGE_MODEL_DIR; default: shipped model)"),
     ("models_root", Path, "where trained models land / promote looks (VGE_MODELS_ROOT)"),
     ("device", str, "auto, cpu, cuda, cuda:N, mps (VGE_DEVICE; default auto)"),
+    ("workers", int, "HTTP front-end processes, 0 = one per CPU (VGE_WORKERS; default 0)"),
+    ("compile", str, "auto, on, off: torch.compile the engine (VGE_COMPILE; auto = on CUDA)"),
+    ("shm_mb_per_worker", int, "shared-memory arena per front end, MiB (VGE_SHM_MB_PER_WORKER)"),
     ("max_batch_size", int, "images per forward pass (VGE_MAX_BATCH_SIZE; default 32)"),
     ("max_queue_delay_ms", float, "max wait to fill a batch (VGE_MAX_QUEUE_DELAY_MS; default 5)"),
     ("batch_wait", str, "adaptive or always (VGE_BATCH_WAIT; default adaptive)"),
@@ -35,7 +38,8 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("jobs_dir", Path, "job logs (VGE_JOBS_DIR)"),
     ("data_root", Path, "dataset root for training jobs (VGE_DATA_ROOT)"),
     ("max_concurrent_jobs", int, "training jobs run at once (VGE_MAX_CONCURRENT_JOBS; 1)"),
-    ("shutdown_grace_s", float, "graceful drain limit on SIGTERM (VGE_SHUTDOWN_GRACE_S; 30)"),
+    ("drain_s", float, "on SIGTERM, keep answering this long, not ready (VGE_DRAIN_S; 5)"),
+    ("shutdown_grace_s", float, "then finish in-flight work within (VGE_SHUTDOWN_GRACE_S; 30)"),
     ("log_level", str, "debug, info, warning, error (VGE_LOG_LEVEL)"),
 ]
 
@@ -45,7 +49,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "serve",
         help="start the HTTP prediction service",
-        description="Serve a VGE model over HTTP (FastAPI on uvicorn) with dynamic batching. "
+        description="Serve a VGE model over HTTP: N front-end processes (FastAPI on uvicorn) and "
+        "one engine process that batches across them and runs the model. "
         "Every flag also reads from the VGE_<NAME> environment variable; flags win.",
     )
     for name, typ, help_text in _FLAGS:
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"vge serve: error: invalid settings: {problems}", file=sys.stderr)
         return 2
     if settings.model_dir is None:
-        from service.model_manager import default_model_dir
+        from models.zoo import default_model_dir
 
         if not default_model_dir().is_dir():
             print(
@@ -85,10 +90,9 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    from service.server import run as serve
+    from service.supervisor import run as serve
 
-    serve(settings)
-    return 0
+    return serve(settings)
 
 
 def main(argv: list[str] | None = None) -> int:

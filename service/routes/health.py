@@ -12,10 +12,10 @@ router = APIRouter(tags=["health"])
 
 
 def is_ready(state: State) -> tuple[bool, str]:
-    """Ready only with a model loaded, the batcher running, and not draining."""
-    if state.draining or (state.batcher is not None and not state.batcher.admitting):
+    """Ready with the engine connected and a model loaded, and not draining."""
+    if state.draining:
         return False, "draining"
-    if state.models.current is None or state.batcher is None:
+    if not state.engine.ready:
         return False, "loading"
     return True, "ready"
 
@@ -28,15 +28,15 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"description": "loading or draining"}})
 async def readyz(state: State) -> JSONResponse:
-    """Readiness: 200 with a model loaded; 503 while loading or draining."""
+    """Readiness: 200 with the engine up and a model loaded; 503 while loading or draining."""
     ready, status = is_ready(state)
     body: dict[str, str | None] = {"status": status}
-    if state.models.current is not None:
-        body["model"] = state.models.current.name
+    if state.engine.model is not None:
+        body["model"] = state.engine.model.name
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(state: State) -> Response:
-    """Prometheus text exposition."""
+    """Prometheus text exposition for the whole server (every process)."""
     return Response(state.metrics.render(), media_type=CONTENT_TYPE)

@@ -1,8 +1,11 @@
-"""``/v1/models``: describe the served model; reload / promote it (API key required)."""
+"""``/v1/models``: describe the served model; reload / promote it (API key required).
+
+Swaps run in the engine (load-then-swap; in-flight batches finish on the old model); every front
+end learns the new model from the engine.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
@@ -10,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.auth import ApiKey
 from service.deps import State
-from service.errors import Conflict, NotReady
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -33,35 +35,27 @@ class PromoteRequest(BaseModel):
 @router.get("")
 async def list_models(state: State) -> dict[str, Any]:
     """The served model: name, version, classes, ensemble kind, M, device, abstain_k, metrics."""
-    current = state.models.current
-    return {"models": [current.describe()] if current else []}
+    current = state.engine.model
+    return {"models": [current.description] if current else []}
 
 
 @router.get("/{name}")
 async def get_model(name: str, state: State) -> dict[str, Any]:
     """One model by name (404 when it is not served)."""
-    return state.models.get(name).describe()
+    return state.model(name).description
 
 
 @router.post("/reload")
 async def reload_model(_: ApiKey, state: State) -> dict[str, Any]:
     """Reload the served model's directory; load-then-swap, no request fails."""
-    return {"status": "reloaded", "model": (await state.models.reload()).describe()}
+    return {"status": "reloaded", "model": await state.engine.call("models.reload")}
 
 
 @router.post("/promote")
 async def promote_model(body: PromoteRequest, _: ApiKey, state: State) -> dict[str, Any]:
     """Serve another model (load-then-swap: in-flight requests finish on the old one)."""
     if body.job_id is not None:
-        if state.jobs is None:
-            raise NotReady("the job manager is not running")
-        job = state.jobs.get(body.job_id)
-        if job["state"] != "succeeded" or not job.get("model_dir"):
-            raise Conflict(
-                f"job {body.job_id} is {job['state']}, not succeeded; nothing to promote"
-            )
-        loaded = await state.models.load_checked(Path(job["model_dir"]))
+        described = await state.engine.call("models.promote_job", job_id=body.job_id)
     else:
-        assert body.model is not None
-        loaded = await state.models.promote(body.model)
-    return {"status": "promoted", "model": loaded.describe()}
+        described = await state.engine.call("models.promote", name=body.model)
+    return {"status": "promoted", "model": described}

@@ -11,10 +11,10 @@ from fastapi import APIRouter, Query, Request
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from service.decode import b64_images, images_to_batch, multipart_images
+from service.decode import b64_images, multipart_images
 from service.deps import State
-from service.errors import BadInput, InvalidValue, NotReady
-from service.inference import effective_abstain_k, infer
+from service.errors import BadInput, InvalidValue
+from service.inference import predict_images, resolve_options
 from service.routes.schemas import (
     PredictJSON,
     PredictOptions,
@@ -42,6 +42,16 @@ _BODY_DOC = {
 }
 
 
+def parse_json(raw: bytes, what: str) -> Any:
+    """``json.loads`` with every failure a 400 (invalid, not UTF-8, or nested too deeply)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadInput(f"{what} is not valid JSON") from None
+    except RecursionError:
+        raise BadInput(f"{what} is nested too deeply to parse") from None
+
+
 def _invalid(exc: ValidationError) -> InvalidValue:
     msg = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return InvalidValue(msg)
@@ -58,10 +68,7 @@ async def _read_payload(request: Request, state: State) -> tuple[list[bytes], di
         return await multipart_images(files, settings), options
     if ctype in ("application/json", ""):
         raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise BadInput("body is not valid JSON") from None
+        body = parse_json(raw, "body")
         try:
             parsed = PredictJSON.model_validate(body)
         except ValidationError as exc:
@@ -80,31 +87,26 @@ async def predict(
 ) -> dict[str, Any]:
     """Predict one or many images: top-k probabilities, VGMU, SNR, TU/AU/EU and abstain.
 
-    For VGN models the probabilities and TU/AU/EU come from the gated members q; VGMU, SNR,
-    the prediction and abstain from the raw members p unless ``vgmu_on=q``.
+    One distribution per answer: for VGN models everything comes from the gated members q (the
+    mixture the model was trained on), unless ``vgmu_on=p``; ``probabilities[0]`` is the prediction.
     """
-    model = state.models.get()
-    if state.batcher is None or state.decode_pool is None:
-        raise NotReady("the service is starting")
-    with state.batcher.incoming():
-        blobs, body_options = await _read_payload(request, state)
-        try:
-            opts = PredictOptions.model_validate(
-                {**query.model_dump(exclude_unset=True), **body_options}
-            )
-        except ValidationError as exc:
-            raise _invalid(exc) from None
-        x = await images_to_batch(blobs, model.predictor, state.settings, state.decode_pool)
-    results = await infer(
-        state,
-        model,
-        x,
-        abstain_k=effective_abstain_k(state, model, opts.abstain_k),
-        vgmu_on=opts.vgmu_on,
-        top_k=min(opts.top_k, len(model.class_names)),
-        timeout_s=opts.timeout_s,
+    model = state.model()
+    blobs, body_options = await _read_payload(request, state)
+    try:
+        opts = PredictOptions.model_validate(
+            {**query.model_dump(exclude_unset=True), **body_options}
+        )
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    options = resolve_options(
+        state, model, abstain_k=opts.abstain_k, vgmu_on=opts.vgmu_on, top_k=opts.top_k
     )
-    return {"model": model.name, "model_version": model.version, "results": results}
+    columns = await predict_images(state, model, blobs, options, opts.timeout_s)
+    return {
+        "model": model.name,
+        "model_version": model.version,
+        "results": columns.records(list(model.class_names), options.abstain_k),
+    }
 
 
 def _score(body: ScoreRequest) -> list[dict[str, Any]]:

@@ -24,7 +24,11 @@ class PredictOptions(BaseModel):
 
     abstain_k: AbstainK | None = None
     top_k: TopK = 5
-    vgmu_on: VgmuOn = "p"
+    vgmu_on: VgmuOn | None = Field(
+        None,
+        description="Member set the whole answer comes from: q (gated; default for VGN models) "
+        "or p (raw; default otherwise). q on a model without a gate is a 422.",
+    )
     timeout_s: TimeoutS | None = None
 
 
@@ -68,7 +72,9 @@ class ScoreRequest(BaseModel):
     probs: list[list[list[float]]] = Field(description="B×M×C member probabilities.")
     gate_k: Annotated[float, Field(ge=0.0, le=ABSTAIN_K_MAX)] | None = None
     abstain_k: AbstainK = 1.0
-    vgmu_on: VgmuOn = "p"
+    vgmu_on: VgmuOn | None = Field(
+        None, description="q (the gated members; default with gate_k) or p (the raw members)."
+    )
 
 
 class ScoreResponse(BaseModel):

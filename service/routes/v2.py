@@ -2,19 +2,20 @@
 
 Input: one image-batch tensor, batch dimension first —
 
-* ``UINT8`` ``[B, C, H, W]`` or ``[B, H, W]``: raw pixels, prepared exactly like /v1/predict images;
-* ``FP32`` ``[B, Cin, H', W']``: already-prepared model input (the shape in the model metadata).
+* ``images``, ``UINT8`` ``[B, C, H, W]`` or ``[B, H, W]``: raw pixels, prepared exactly like
+  /v1/predict images;
+* ``input``, ``FP32`` ``[B, Cin, H', W']``: already-prepared model input (the shape in the model
+  metadata).
 
 Data as a JSON list or with the binary tensor extension (``Inference-Header-Content-Length``).
-Request ``parameters``: ``abstain_k``, ``vgmu_on`` (``p``/``q``), ``timeout_s``.
+Request ``parameters``: ``abstain_k``, ``vgmu_on`` (``p``/``q``; default: the model's answer set),
+``timeout_s``.
 Outputs: ``probabilities`` FP32 [B, C], ``prediction`` INT64 [B], ``vgmu``, ``snr``, ``tu``,
 ``au``, ``eu`` FP32 [B], ``abstain`` BOOL [B]. Errors are ``{"error": "..."}``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 from typing import Any
 
@@ -23,12 +24,14 @@ import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.decode import prepare_one
+from models.serving import ScoreColumns
+from service.decode import conform_one
 from service.deps import State
-from service.errors import BadInput, InvalidValue, NotReady, PayloadTooLarge
-from service.inference import effective_abstain_k, infer
-from service.model_manager import LoadedModel
+from service.errors import BadInput, InvalidValue, PayloadTooLarge
+from service.inference import predict_tensor, resolve_options
+from service.model_manager import ModelInfo
 from service.routes.health import is_ready
+from service.routes.predict import parse_json
 from service.settings import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 router = APIRouter(prefix="/v2", tags=["v2"])
@@ -44,6 +47,8 @@ OUTPUTS: dict[str, str] = {
     "abstain": "BOOL",
 }
 _DTYPES: dict[str, np.dtype[Any]] = {"UINT8": np.dtype(np.uint8), "FP32": np.dtype("<f4")}
+#: The two inputs, by name: raw pixels or prepared model input.
+INPUT_NAMES: dict[str, str] = {"UINT8": "images", "FP32": "input"}
 
 
 @router.get("")
@@ -71,28 +76,28 @@ async def ready(state: State) -> JSONResponse:
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
 
-def _metadata(model: LoadedModel) -> dict[str, Any]:
+def _metadata(model: ModelInfo) -> dict[str, Any]:
     n_classes = len(model.class_names)
     return {
         "name": model.name,
         "versions": [model.version],
         "platform": "pytorch_vge",
         "inputs": [
-            {"name": "images", "datatype": "UINT8", "shape": [-1, -1, -1, -1]},
-            {"name": "images", "datatype": "FP32", "shape": [-1, *model.input_shape]},
+            {"name": INPUT_NAMES["UINT8"], "datatype": "UINT8", "shape": [-1, -1, -1, -1]},
+            {"name": INPUT_NAMES["FP32"], "datatype": "FP32", "shape": [-1, *model.input_shape]},
         ],
         "outputs": [
             {"name": n, "datatype": d, "shape": [-1, n_classes] if n == "probabilities" else [-1]}
             for n, d in OUTPUTS.items()
         ],
-        "parameters": {"classes": model.class_names},
+        "parameters": {"classes": list(model.class_names)},
     }
 
 
 @router.get("/models/{name}")
 async def model_metadata(name: str, state: State) -> dict[str, Any]:
     """Model metadata (inputs, outputs, versions)."""
-    return _metadata(state.models.get(name))
+    return _metadata(state.model(name))
 
 
 @router.get("/models/{name}/versions/{version}")
@@ -104,13 +109,13 @@ async def model_version_metadata(name: str, version: str, state: State) -> dict[
 @router.get("/models/{name}/ready")
 async def model_ready(name: str, state: State) -> JSONResponse:
     """Model readiness."""
-    state.models.get(name)
+    state.model(name)
     ok, _ = is_ready(state)
     return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
 
-def _versioned(state: State, name: str, version: str) -> LoadedModel:
-    model = state.models.get(name)
+def _versioned(state: State, name: str, version: str) -> ModelInfo:
+    model = state.model(name)
     if version != model.version:
         from service.errors import NotFound
 
@@ -131,10 +136,7 @@ async def _parse_body(request: Request) -> tuple[dict[str, Any], bytes]:
         head, binary = raw[:n], raw[n:]
     else:
         head, binary = raw, b""
-    try:
-        body = json.loads(head)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BadInput("inference request header is not valid JSON") from None
+    body = parse_json(head, "inference request header")
     if not isinstance(body, dict):
         raise BadInput("inference request must be a JSON object")
     return body, binary
@@ -148,6 +150,12 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     dtype = spec.get("datatype")
     if dtype not in _DTYPES:
         raise BadInput(f"input datatype {dtype!r} is not supported; use UINT8 or FP32")
+    name = spec.get("name")
+    if name is not None and name != INPUT_NAMES[dtype]:
+        raise BadInput(
+            f"input {name!r} with datatype {dtype}: send raw pixels as "
+            f"{INPUT_NAMES['UINT8']!r} (UINT8) or prepared input as {INPUT_NAMES['FP32']!r} (FP32)"
+        )
     shape = spec.get("shape")
     if (
         not isinstance(shape, list)
@@ -189,7 +197,7 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     return arr
 
 
-def _parameters(body: dict[str, Any]) -> tuple[float | None, str, float | None]:
+def _parameters(body: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
     params = body.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadInput("parameters must be an object")
@@ -198,8 +206,8 @@ def _parameters(body: dict[str, Any]) -> tuple[float | None, str, float | None]:
         not isinstance(k, int | float) or not ABSTAIN_K_MIN <= k <= ABSTAIN_K_MAX
     ):
         raise InvalidValue(f"abstain_k must be a number in [{ABSTAIN_K_MIN:g}, {ABSTAIN_K_MAX:g}]")
-    vgmu_on = params.get("vgmu_on", "p")
-    if vgmu_on not in ("p", "q"):
+    vgmu_on = params.get("vgmu_on")
+    if vgmu_on not in (None, "p", "q"):
         raise InvalidValue("vgmu_on must be 'p' or 'q'")
     timeout = params.get("timeout_s")
     if timeout is not None and (not isinstance(timeout, int | float) or not 0 < timeout <= 3600):
@@ -207,9 +215,8 @@ def _parameters(body: dict[str, Any]) -> tuple[float | None, str, float | None]:
     return k, vgmu_on, timeout
 
 
-async def _to_model_input(
-    arr: np.ndarray, dtype: str, model: LoadedModel, state: State
-) -> torch.Tensor:
+def _to_model_input(arr: np.ndarray, dtype: str, model: ModelInfo, state: State) -> torch.Tensor:
+    """uint8 pixels conformed to the model's channels and size, or the FP32 input as given."""
     settings = state.settings
     if arr.shape[-1] * arr.shape[-2] > settings.max_image_pixels:
         raise PayloadTooLarge(
@@ -222,44 +229,35 @@ async def _to_model_input(
                 f"FP32 input shape {list(arr.shape)} does not match the model input "
                 f"[B, {', '.join(map(str, model.input_shape))}]; send raw pixels as UINT8 instead"
             )
-        return torch.from_numpy(arr.copy())
-    images = torch.from_numpy(arr.copy())
+        return torch.from_numpy(np.ascontiguousarray(arr))
+    images = torch.from_numpy(np.ascontiguousarray(arr))
     if images.ndim == 3:
         images = images.unsqueeze(1)
     if images.shape[1] not in (1, 3, 4):
         raise BadInput(f"UINT8 input has {images.shape[1]} channels; use 1, 3 or 4 ([B, C, H, W])")
-    if state.decode_pool is None:
-        raise NotReady("the service is starting")
-    loop = asyncio.get_running_loop()
-    prepared = await asyncio.gather(
-        *(
-            loop.run_in_executor(state.decode_pool, prepare_one, model.predictor, img, i)
-            for i, img in enumerate(images)
-        )
+    if tuple(images.shape[1:]) == model.input_shape:
+        return images
+    return torch.stack(
+        [conform_one(img, i, model.in_channels, model.input_size) for i, img in enumerate(images)]
     )
-    return torch.stack(prepared)
 
 
-def _outputs(
-    results: list[dict[str, Any]], model: LoadedModel
-) -> dict[str, tuple[list[Any], list[int]]]:
-    index = {label: i for i, label in enumerate(model.class_names)}
-    probs = [[0.0] * len(index) for _ in results]
-    for row, r in zip(probs, results, strict=True):
-        for entry in r["probabilities"]:
-            row[index[entry["label"]]] = float(entry["probability"])
-    b = len(results)
+def _outputs(columns: ScoreColumns, n_classes: int) -> dict[str, tuple[list[Any], list[int]]]:
+    """V2 output tensors from the packed columns (top-k over all classes, scattered back)."""
+    b = len(columns)
+    probs = np.zeros((b, n_classes), dtype=np.float64)
+    np.put_along_axis(probs, columns.top_indices, columns.top_probabilities, axis=1)
     out: dict[str, tuple[list[Any], list[int]]] = {
-        "probabilities": ([v for row in probs for v in row], [b, len(index)]),
-        "prediction": ([int(r["prediction"]) for r in results], [b]),
-        "abstain": ([bool(r["abstain"]) for r in results], [b]),
+        "probabilities": (probs.reshape(-1).tolist(), [b, n_classes]),
+        "prediction": (columns.column("prediction").tolist(), [b]),
+        "abstain": (columns.column("abstain").tolist(), [b]),
     }
     for key in ("vgmu", "snr", "tu", "au", "eu"):
-        out[key] = ([float(r[key]) for r in results], [b])
+        out[key] = (columns.column(key).tolist(), [b])
     return out
 
 
-async def _infer(model: LoadedModel, request: Request, state: State) -> dict[str, Any]:
+async def _infer(model: ModelInfo, request: Request, state: State) -> dict[str, Any]:
     body, binary = await _parse_body(request)
     wanted = body.get("outputs")
     names = list(OUTPUTS)
@@ -271,21 +269,12 @@ async def _infer(model: LoadedModel, request: Request, state: State) -> dict[str
         if unknown:
             raise BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
     abstain_k, vgmu_on, timeout_s = _parameters(body)
-    if state.batcher is None:
-        raise NotReady("the service is starting")
-    with state.batcher.incoming():
-        arr = _input_tensor(body, binary, state.settings.max_images)
-        x = await _to_model_input(arr, body["inputs"][0]["datatype"], model, state)
-    results = await infer(
-        state,
-        model,
-        x,
-        abstain_k=effective_abstain_k(state, model, abstain_k),
-        vgmu_on=vgmu_on,
-        top_k=len(model.class_names),
-        timeout_s=timeout_s,
-    )
-    tensors = _outputs(results, model)
+    n_classes = len(model.class_names)
+    options = resolve_options(state, model, abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=n_classes)
+    arr = _input_tensor(body, binary, state.settings.max_images)
+    x = _to_model_input(arr, body["inputs"][0]["datatype"], model, state)
+    columns = await predict_tensor(state, model, x, options, timeout_s)
+    tensors = _outputs(columns, n_classes)
     response: dict[str, Any] = {
         "model_name": model.name,
         "model_version": model.version,
@@ -302,7 +291,7 @@ async def _infer(model: LoadedModel, request: Request, state: State) -> dict[str
 @router.post("/models/{name}/infer")
 async def model_infer(name: str, request: Request, state: State) -> dict[str, Any]:
     """Inference on an image batch."""
-    return await _infer(state.models.get(name), request, state)
+    return await _infer(state.model(name), request, state)
 
 
 @router.post("/models/{name}/versions/{version}/infer")

@@ -202,6 +202,8 @@ def approx_result(got: dict[str, object], want: dict[str, object]) -> None:
             for g, w in zip(got[key], value, strict=True):  # type: ignore[arg-type]
                 assert g["probability"] == pytest.approx(w["probability"], abs=1e-5)
         elif isinstance(value, float):
-            assert got[key] == pytest.approx(value, abs=1e-5), key
+            # The engine runs the forward pass with other thread counts than this process: float32
+            # reductions in another order. SNR divides by small spreads, so compare relatively too.
+            assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
         else:
             assert got[key] == value, key

@@ -38,14 +38,21 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
         _error(c.post("/v1/predict", content=huge, headers={"content-type": "application/json"}),
                413, "exceeds")  # fmt: skip
         b64 = base64.b64encode(png).decode()
-        _error(c.post("/v1/predict", json={"images": [b64], "abstain_k": 101}), 422, "abstain_k")
+        _error(c.post("/v1/predict", json={"images": [b64], "abstain_k": 2e9}), 422, "abstain_k")
         _error(c.post("/v1/predict", params={"abstain_k": -0.5}, files=[("images", ("a.png", png))]),
                422, "abstain_k")  # fmt: skip
         _error(
             c.post("/v1/predict", params={"vgmu_on": "z"}, json={"images": [b64]}), 422, "vgmu_on"
         )
         _error(c.post("/v1/predict", params={"top_k": 0}, json={"images": [b64]}), 422, "top_k")
-        _error(c.post("/v1/score", json={"probs": [[[0.5, 0.7]]]}), 422, "sum")
+        _error(c.post("/v1/score", json={"probs": [[[0.5, 0.7], [0.5, 0.5]]]}), 422, "sum")
+        _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]]]}), 422, "M >= 2")
+        _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5], [0.5, 0.5]]], "vgmu_on": "q"}),
+               422, "gate_k")  # fmt: skip
+        deep = b"[" * 100_000 + b"]" * 100_000  # used to be a 500 (RecursionError)
+        for path in ("/v1/predict", "/v1/score", "/v2/models/tiny/infer"):
+            r = c.post(path, content=deep, headers={"content-type": "application/json"})
+            assert r.status_code in (400, 413, 422), (path, r.status_code, r.text)
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]], [[1.0]]]}), 422, "probs")
         _error(
             c.post("/v1/score", json={"probs": [[[0.5, 0.5]]], "abstain_k": -1}), 422, "abstain_k"

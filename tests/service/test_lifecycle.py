@@ -109,8 +109,8 @@ def test_sigterm_drains_without_dropping(
 ) -> None:
     srv = start_server(
         tmp_path_factory.mktemp("drain"), tiny_model,
-        max_batch_size=64, max_queue_delay_ms=1500, batch_wait="always", max_queue_length=64,
-        shutdown_grace_s=20,
+        max_batch_size=64, max_queue_delay_ms=3000, batch_wait="always", max_queue_length=64,
+        shutdown_grace_s=20, drain_s=0.5,
     )  # fmt: skip
     n = 12
     responses: list[httpx.Response | Exception] = []

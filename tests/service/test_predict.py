@@ -33,7 +33,7 @@ def test_multipart_equals_library(server: Server, pngs: list[bytes], library) ->
     assert body["model"] == "tiny" and body["model_version"] == "1.0.0"
     assert len(body["results"]) == 5
     for png, got in zip(pngs[:5], body["results"], strict=True):
-        approx_result(got, library(png, abstain_k=0.7, vgmu_on="p", top_k=3))
+        approx_result(got, library(png, abstain_k=0.7, top_k=3))
 
 
 def test_json_base64_with_body_options(server: Server, pngs: list[bytes], library) -> None:
@@ -78,7 +78,7 @@ def test_concurrent_requests_batch_and_each_gets_its_own_result(
 
     results = asyncio.run(burst())
     for i, got in enumerate(results):
-        approx_result(got, library(pngs[i], abstain_k=got["abstain_k"], vgmu_on="p", top_k=2))
+        approx_result(got, library(pngs[i], abstain_k=got["abstain_k"], top_k=2))
     batches = server.metric("vge_batch_size_count", model="tiny") - before_count
     images = server.metric("vge_batch_size_sum", model="tiny") - before_sum
     assert images == n
@@ -90,7 +90,7 @@ def test_score_matches_score_ensemble(server: Server) -> None:
 
     g = torch.Generator().manual_seed(0)
     P = torch.softmax(torch.randn(4, 5, 3, generator=g, dtype=torch.float64), dim=-1)
-    want = score_ensemble(P, gate_k=1.0, abstain_k=0.5, vgmu_on="p").to_records()
+    want = score_ensemble(P, gate_k=1.0, abstain_k=0.5).to_records()
     with server.client() as c:
         r = c.post("/v1/score", json={"probs": P.tolist(), "gate_k": 1.0, "abstain_k": 0.5})
     assert r.status_code == 200, r.text

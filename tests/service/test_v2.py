@@ -36,11 +36,11 @@ def test_v2_round_trip(server: Server, mnist, library, pngs: list[bytes], binary
     assert probs.shape == (6, 10) and probs.dtype == np.float32
     assert result.as_numpy("abstain").dtype == np.bool_
     for i in range(6):
-        want = library(pngs[i], abstain_k=0.8, vgmu_on="p", top_k=10)
+        want = library(pngs[i], abstain_k=0.8, top_k=10)
         assert int(result.as_numpy("prediction")[i]) == want["prediction"]
         assert bool(result.as_numpy("abstain")[i]) == want["abstain"]
         for key in ("vgmu", "snr", "tu", "au", "eu"):
-            assert result.as_numpy(key)[i] == pytest.approx(want[key], abs=1e-5)
+            assert result.as_numpy(key)[i] == pytest.approx(want[key], rel=1e-4, abs=1e-5)
         for entry in want["probabilities"]:
             assert probs[i, int(entry["label"])] == pytest.approx(entry["probability"], abs=1e-5)
     client.close()
@@ -56,7 +56,7 @@ def test_v2_fp32_prepared_input(server: Server, library, pngs: list[bytes], tiny
     x = torch.stack([predictor.prepare(decode_image(torch.frombuffer(bytearray(p), dtype=torch.uint8)))
                      for p in pngs[:3]]).numpy()  # fmt: skip
     client = _client(server)
-    inp = tritonclient_http.InferInput("images", list(x.shape), "FP32")
+    inp = tritonclient_http.InferInput("input", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
     result = client.infer("tiny", [inp])
     for i in range(3):
@@ -73,7 +73,8 @@ def test_v2_errors(server: Server) -> None:
         (np.zeros((17, 1, 28, 28), np.uint8), "UINT8", "too many images"),
     ]
     for arr, dtype, words in bad:
-        inp = tritonclient_http.InferInput("images", list(arr.shape), dtype)
+        name = "input" if dtype == "FP32" else "images"
+        inp = tritonclient_http.InferInput(name, list(arr.shape), dtype)
         inp.set_data_from_numpy(arr)
         with pytest.raises(InferenceServerException, match=words):
             client.infer("tiny", [inp])
@@ -93,7 +94,9 @@ def test_v2_errors(server: Server) -> None:
                       "data": [1, 2, 3, 300]}]}, 400, "[0, 255]"),
         ({"inputs": []}, 400, "exactly one"),
         ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
-                      "data": [0] * 784}], "parameters": {"abstain_k": 500}}, 422, "abstain_k"),
+                      "data": [0] * 784}], "parameters": {"abstain_k": 2e9}}, 422, "abstain_k"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "parameters": {"vgmu_on": "x"}}, 422, "vgmu_on"),
         ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
                       "data": [0] * 784}], "outputs": [{"name": "nope"}]}, 400, "unknown outputs"),
     ]  # fmt: skip

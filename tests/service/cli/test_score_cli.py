@@ -40,8 +40,11 @@ def test_scores_npy_as_json_lines(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [list(r) for r in rows] == [KEYS, KEYS]
-    assert round(rows[1]["eu"], 3) == 0.045  # SI: A3 Q0 gated at k = 2
-    assert rows[0]["abstain"] is True  # 0.7 − 3.4·0.1 < 0.2 + 3.4·0.05
+    assert round(rows[1]["eu"], 3) == 0.045  # SI: A3 Q0 gated at k = 2 (the default answer: q)
+    raw = vge("score", str(path), "--gate-k", "2", "--abstain-k", "3.4", "--vgmu-on", "p")
+    rows = [json.loads(line) for line in raw.stdout.splitlines()]
+    assert round(rows[1]["eu"], 3) == 0.070  # SI: A3 Q0 ungated
+    assert rows[0]["abstain"] is True  # on p: 0.7 − 3.4·0.1 < 0.2 + 3.4·0.05
     assert rows[0]["prediction"] == 0
 
 

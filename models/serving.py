@@ -1,0 +1,146 @@
+"""The typed seam between the library and a model server: options in, packed columns out.
+
+A server asks one question per batch — "what is the answer for these rows under these options?" —
+and gets back plain numbers it can encode without any math of its own:
+
+* :class:`ScoreOptions` — frozen and hashable: it *is* the key a batcher groups requests by, so
+  requests with equal options are scored in one call.
+* :func:`decide` — the served decision (paper Section 3.2: VGMU, SNR, abstain; Section 3.3:
+  TU/AU/EU; the top-k of the answer's mean) for one member set, packed into one ``(B, 7 + 2n)``
+  tensor on the model's device, so a GPU copies one small block back to the host.
+* :class:`ScoreColumns` — that block on the host as a NumPy array with named column accessors;
+  slicing rows is a view.
+
+The answer's member set is chosen once, in :meth:`models.predictor.Predictor.options`
+(``q`` for VGN models: one distribution per answer, :func:`models.uncertainty.scoring.answer_members`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from models.uncertainty.decomposition import entropy_decomposition
+from models.uncertainty.margin import margin_score
+
+Members = Literal["p", "q"]
+
+#: Fixed columns of the packed block, in order; then ``n`` top-k class indices, then their probabilities.
+FIXED_COLUMNS: tuple[str, ...] = ("prediction", "abstain", "vgmu", "snr", "tu", "au", "eu")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreOptions:
+    """Resolved per-request options; hashable, so equal options share one scoring call.
+
+    ``abstain_k``: deferral threshold (§3.2), ``members``: ``"p"``/``"q"``, the member set the whole
+    answer comes from; ``top_k``: probabilities listed per image (``1 <= top_k <= C``).
+    """
+
+    abstain_k: float
+    members: Members
+    top_k: int
+
+
+def decide(members: Tensor, abstain_k: float, top_k: int) -> Tensor:
+    """The served decision for member probabilities ``(B, M, C)``, packed as ``(B, 7 + 2n)`` float64.
+
+    Columns: :data:`FIXED_COLUMNS`, then the ``n = top_k`` most probable classes of the mean
+    (stable order: ties list the lowest class first, exactly like the argmax that predicts, so the
+    first listed class *is* the prediction), then their mean probabilities. Everything is computed
+    where ``members`` lives; float64 holds the class indices exactly.
+    """
+    margin = margin_score(members, abstain_k)  # Section 3.2
+    dec = entropy_decomposition(members)  # Section 3.3
+    mean = members.mean(dim=1)  # (B, C)
+    top_p, top_i = mean.sort(dim=-1, descending=True, stable=True)
+    n = top_k
+    fixed = torch.stack(
+        (margin.prediction, margin.abstain, margin.vgmu, margin.snr, dec.tu, dec.au, dec.eu), dim=1
+    ).to(torch.float64)  # (B, 7)
+    return torch.cat((fixed, top_i[:, :n].to(torch.float64), top_p[:, :n].to(torch.float64)), 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreColumns:
+    """A packed decision block on the host: ``data`` ``(B, 7 + 2n)`` float64 (see :func:`decide`)."""
+
+    data: np.ndarray
+
+    @classmethod
+    def from_tensor(cls, packed: Tensor) -> ScoreColumns:
+        """One device→host copy of the packed block."""
+        return cls(packed.detach().to("cpu").numpy())
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def top_k(self) -> int:
+        return (self.data.shape[1] - len(FIXED_COLUMNS)) // 2
+
+    def rows(self, start: int, stop: int) -> ScoreColumns:
+        """Rows ``[start, stop)`` (a view)."""
+        return ScoreColumns(self.data[start:stop])
+
+    def take(self, index: np.ndarray) -> ScoreColumns:
+        """Rows at ``index`` (a copy)."""
+        return ScoreColumns(self.data[index])
+
+    def column(self, name: str) -> np.ndarray:
+        """One fixed column by name, ``(B,)``: ints for prediction, bools for abstain."""
+        values = self.data[:, FIXED_COLUMNS.index(name)]
+        if name == "prediction":
+            return values.astype(np.int64)
+        if name == "abstain":
+            return values.astype(bool)
+        return values
+
+    @property
+    def top_indices(self) -> np.ndarray:
+        """``(B, n)`` int64 class indices, most probable first."""
+        f = len(FIXED_COLUMNS)
+        return self.data[:, f : f + self.top_k].astype(np.int64)
+
+    @property
+    def top_probabilities(self) -> np.ndarray:
+        """``(B, n)`` mean probabilities of :attr:`top_indices`."""
+        f = len(FIXED_COLUMNS)
+        return self.data[:, f + self.top_k :]
+
+    def records(self, class_names: list[str], abstain_k: float) -> list[dict[str, object]]:
+        """One JSON-ready dict per row: ``prediction, label, probabilities [{label, probability}],
+        vgmu, snr, tu, au, eu, abstain, abstain_k``."""
+        f = len(FIXED_COLUMNS)
+        n = self.top_k
+        out = []
+        for row in self.data.tolist():
+            pred = int(row[0])
+            idx = row[f : f + n]
+            prob = row[f + n :]
+            out.append(
+                {
+                    "prediction": pred,
+                    "label": class_names[pred],
+                    "probabilities": [
+                        {"label": class_names[int(i)], "probability": p}
+                        for i, p in zip(idx, prob, strict=True)
+                    ],
+                    "vgmu": row[2],
+                    "snr": row[3],
+                    "tu": row[4],
+                    "au": row[5],
+                    "eu": row[6],
+                    "abstain": row[1] != 0.0,
+                    "abstain_k": abstain_k,
+                }
+            )
+        return out
+
+    @staticmethod
+    def concat(parts: list[ScoreColumns]) -> ScoreColumns:
+        return ScoreColumns(np.concatenate([p.data for p in parts]))

@@ -1,0 +1,225 @@
+"""The engine process: one per device; owns the model, the batcher, the forward pass and scoring.
+
+Front ends connect over a Unix socket (:mod:`service.ipc`) and hand over requests whose images
+already sit in their shared-memory arena (:mod:`service.shm`). The engine batches across *all*
+front ends (:class:`service.batcher.Batcher`), runs ``Predictor.run`` (normalisation on the device,
+forward) and ``Predictor.score_columns`` (the served decision on the device, one copy back), and
+answers each request with its rows. It also owns what must exist once per server: model swaps
+(load-then-swap, broadcast to every front end) and training jobs (:class:`service.jobs.JobManager`).
+
+Lifecycle: started by :mod:`service.supervisor` (spawned, so CUDA initialises in a clean process);
+sets ``ready`` once the model is loaded and the socket listens; on SIGTERM computes what it holds
+(``shutdown_grace_s`` at most), stops training jobs and exits 0. SIGINT is ignored: on Ctrl-C the
+supervisor drains the front ends first and then stops the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from service.ipc import InferRequest, RemoteError, encode, read_message
+from service.settings import Settings
+
+log = logging.getLogger("vge.engine")
+
+_DTYPES = {"uint8", "float32"}
+
+
+class Engine:
+    """The engine's state and its request handlers (one asyncio loop, one compute thread)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from service.batcher import Batcher
+        from service.jobs import JobManager
+        from service.metrics import Metrics
+        from service.model_manager import ModelManager
+
+        self.settings = settings
+        self.metrics = Metrics()
+        self.models = ModelManager(settings, self.metrics)
+        self.batcher = Batcher(
+            max_batch_size=settings.max_batch_size,
+            max_delay_s=settings.max_queue_delay_s,
+            max_queue_length=settings.max_queue_length,
+            metrics=self.metrics,
+            wait_always=settings.batch_wait == "always",
+        )
+        self.jobs = JobManager(settings, self.metrics)
+        self._clients: set[asyncio.StreamWriter] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self, socket_path: str, ready: Any = None) -> None:
+        """Load the model, listen on ``socket_path``, serve until SIGTERM, then drain."""
+        import torch
+
+        threads = self.settings.resolved_torch_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+        await self.models.load_initial()
+        self.batcher.start()
+        self.metrics.init_job_states()
+        await asyncio.to_thread(self.jobs.start)
+        Path(socket_path).unlink(missing_ok=True)
+        server = await asyncio.start_unix_server(self._serve_client, path=socket_path)
+        self.metrics.engine_ready.set(1)
+        current = self.models.current
+        assert current is not None
+        s = self.settings
+        print(
+            f"vge serve: engine: model {current.info.name} {current.info.version} on "
+            f"{current.info.description['device']} (max batch {s.max_batch_size}, max delay "
+            f"{s.max_queue_delay_ms:g} ms, queue {s.max_queue_length})",
+            file=sys.stderr,
+            flush=True,
+        )
+        if ready is not None:
+            ready.set()
+        memory = loop.create_task(self._watch_device_memory())
+        await stop.wait()
+
+        log.info("engine: SIGTERM, computing what is queued")
+        self.metrics.engine_ready.set(0)
+        memory.cancel()
+        server.close()
+        await self.batcher.drain(self.settings.shutdown_grace_s)
+        await asyncio.to_thread(self.jobs.shutdown)
+        for writer in list(self._clients):
+            writer.close()
+
+    async def _watch_device_memory(self) -> None:
+        while True:
+            self.metrics.update_device_memory()
+            await asyncio.sleep(5.0)
+
+    # ------------------------------------------------------------------ clients
+    def _send(self, writer: asyncio.StreamWriter, kind: str, request_id: int, payload: Any) -> None:
+        if not writer.is_closing():
+            writer.write(encode(kind, request_id, payload))
+
+    def _broadcast_model(self) -> None:
+        current = self.models.current
+        if current is not None:
+            for writer in list(self._clients):
+                self._send(writer, "model", 0, current.info)
+
+    async def _serve_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        from service.shm import Arena
+
+        tasks: set[asyncio.Task[None]] = set()
+        arena: Arena | None = None
+        try:
+            kind, _, hello = await read_message(reader)
+            if kind != "hello":
+                raise ValueError(f"expected hello, got {kind!r}")
+            arena = Arena(hello["arena"], hello["size"])
+            self._clients.add(writer)
+            current = self.models.current
+            if current is not None:
+                self._send(writer, "model", 0, current.info)
+            while True:
+                kind, request_id, payload = await read_message(reader)
+                if kind == "infer":
+                    task = asyncio.create_task(self._infer(writer, arena, request_id, payload))
+                elif kind == "call":
+                    task = asyncio.create_task(self._call(writer, request_id, *payload))
+                else:
+                    log.warning("engine: unknown message %r", kind)
+                    continue
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the front end went away (exit or crash)
+        except asyncio.CancelledError:
+            pass  # the engine is stopping
+        except Exception:
+            log.exception("engine: dropping a front-end connection")
+        finally:
+            self._clients.discard(writer)
+            for task in tasks:  # queued requests of a gone front end are dropped, not computed
+                task.cancel()
+            writer.close()
+            if arena is not None:
+                arena.close()
+
+    async def _infer(
+        self, writer: asyncio.StreamWriter, arena: Any, request_id: int, req: InferRequest
+    ) -> None:
+        import torch
+
+        try:
+            if req.dtype not in _DTYPES:
+                raise ValueError(f"unsupported input dtype {req.dtype!r}")
+            predictor = self.models.predictor_for(req.generation)
+            x = arena.view(req.offset, getattr(torch, req.dtype), tuple(req.shape))
+            columns = await self.batcher.submit(
+                predictor, predictor.card.name, x, req.options, req.timeout_s
+            )
+            self._send(writer, "ok", request_id, columns.data)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every request gets exactly one answer
+            if not isinstance(exc, ValueError) and type(exc).__module__ != "service.errors":
+                log.exception("engine: request failed")
+            self._send(writer, "error", request_id, RemoteError.of(exc))
+
+    async def _call(
+        self, writer: asyncio.StreamWriter, request_id: int, method: str, kwargs: dict[str, Any]
+    ) -> None:
+        try:
+            result = await self._dispatch(method, kwargs)
+            self._send(writer, "ok", request_id, result)
+        except Exception as exc:  # noqa: BLE001
+            if type(exc).__module__ != "service.errors":
+                log.exception("engine: %s failed", method)
+            self._send(writer, "error", request_id, RemoteError.of(exc))
+
+    async def _dispatch(self, method: str, kwargs: dict[str, Any]) -> Any:
+        """Admin operations that exist once per server (front ends forward them here)."""
+        from service.errors import Conflict
+
+        if method == "models.reload":
+            loaded = await self.models.reload()
+        elif method == "models.promote":
+            loaded = await self.models.promote(kwargs["name"])
+        elif method == "models.promote_job":
+            job = await asyncio.to_thread(self.jobs.get, kwargs["job_id"])
+            if job["state"] != "succeeded" or not job.get("model_dir"):
+                raise Conflict(
+                    f"job {kwargs['job_id']} is {job['state']}, not succeeded; nothing to promote"
+                )
+            loaded = await self.models.load_checked(Path(job["model_dir"]))
+        elif method in ("jobs.submit", "jobs.list", "jobs.get", "jobs.cancel", "jobs.logs"):
+            return await asyncio.to_thread(getattr(self.jobs, method.split(".")[1]), **kwargs)
+        else:
+            raise ValueError(f"unknown engine method {method!r}")
+        self._broadcast_model()
+        return loaded.info.description
+
+
+def engine_main(settings: Settings, socket_path: str, ready: Any = None) -> None:
+    """Process entry point (spawned by the supervisor)."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
+    )
+    engine = Engine(settings)
+    try:
+        asyncio.run(engine.run(socket_path, ready))
+    except Exception as exc:
+        log.error("vge serve: engine failed: %s: %s", type(exc).__name__, exc)
+        sys.exit(1)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()

@@ -1,0 +1,210 @@
+"""The front end's side of the engine: one connection, the shared arena, request futures.
+
+:class:`EngineClient` keeps a connection to the engine (reconnecting while the engine restarts),
+knows the served model (:class:`~service.model_manager.ModelInfo`, pushed by the engine), hands out
+arena regions for request tensors, and turns the engine's answers back into results or the same
+4xx/5xx errors. A request caught by an engine crash is answered 503 at once (never left hanging);
+until the engine is back, :attr:`ready` is false and new requests get 503 + ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.serving import ScoreColumns, ScoreOptions
+from service.errors import NotReady, QueueFull
+from service.ipc import InferRequest, RemoteError, encode, read_message
+from service.model_manager import ModelInfo
+from service.shm import Allocator, Arena, nbytes_of
+
+log = logging.getLogger("vge.frontend")
+
+RECONNECT_S = 0.05
+#: How long past its deadline a request waits for the engine before giving up (504).
+ANSWER_GRACE_S = 30.0
+
+
+@dataclass
+class Region:
+    """An allocated arena region and a tensor view over it."""
+
+    offset: int
+    tensor: torch.Tensor
+
+
+class EngineClient:
+    """Connection to the engine from one front-end process."""
+
+    def __init__(self, socket_path: str, arena: Arena) -> None:
+        self.socket_path = socket_path
+        self.arena = arena
+        self.allocator = Allocator(arena.size)
+        self.model: ModelInfo | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, tuple[asyncio.Future[Any], int | None]] = {}
+        self._ids = itertools.count(1)
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._connected = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        """Connected to an engine that has a model loaded."""
+        return self._writer is not None and self.model is not None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._connect_loop())
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._connected.wait(), timeout_s)
+        return self.ready
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._writer is not None:
+            self._writer.close()
+
+    # ------------------------------------------------------------------ connection
+    async def _connect_loop(self) -> None:
+        while not self._closed:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.socket_path)
+            except OSError:
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            writer.write(encode("hello", 0, {"arena": self.arena.path, "size": self.arena.size}))
+            self._writer = writer
+            try:
+                await self._read_loop(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                self._lost()
+                writer.close()
+            await asyncio.sleep(RECONNECT_S)
+
+    def _lost(self) -> None:
+        """The engine went away: every waiting request gets a 503 now; regions are free again."""
+        if self.model is not None and not self._closed:
+            log.warning("lost the engine; answering %d waiting requests 503", len(self._pending))
+        self._writer = None
+        self.model = None
+        self._connected.clear()
+        pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            if not future.done():
+                future.set_exception(
+                    NotReady(
+                        "the inference engine restarted while this request was in flight; retry",
+                        headers={"Retry-After": "1"},
+                    )
+                )
+        self.allocator.reset()
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            kind, request_id, payload = await read_message(reader)
+            if kind == "model":
+                self.model = payload
+                self._connected.set()
+                continue
+            entry = self._pending.pop(request_id, None)
+            if entry is None:
+                continue
+            future, offset = entry
+            if offset is not None:
+                self.allocator.free(offset)  # the engine is done with this region
+            if future.done():
+                continue
+            if kind == "ok":
+                future.set_result(payload)
+            else:
+                assert isinstance(payload, RemoteError)
+                future.set_exception(payload.exception())
+
+    # ------------------------------------------------------------------ requests
+    def current_model(self) -> ModelInfo:
+        """The served model, or 503 while the engine is (re)starting."""
+        model = self.model
+        if model is None or self._writer is None:
+            raise NotReady(
+                "the inference engine is starting; retry shortly", headers={"Retry-After": "1"}
+            )
+        return model
+
+    def allocate(self, dtype: torch.dtype, shape: tuple[int, ...]) -> Region:
+        """An arena region for a request tensor (503 when the arena is full)."""
+        offset = self.allocator.allocate(nbytes_of(dtype, shape))
+        if offset is None:
+            raise QueueFull(
+                "this front end's shared-memory arena is full (too many images in flight); "
+                "retry, or raise VGE_SHM_MB_PER_WORKER",
+                headers={"Retry-After": "1"},
+            )
+        return Region(offset, self.arena.view(offset, dtype, shape))
+
+    def release(self, region: Region) -> None:
+        """Free a region that was never handed to the engine (e.g. a decode error)."""
+        self.allocator.free(region.offset)
+
+    def _send(self, kind: str, payload: Any, offset: int | None) -> asyncio.Future[Any]:
+        writer = self._writer
+        if writer is None:
+            raise NotReady(
+                "the inference engine is restarting; retry", headers={"Retry-After": "1"}
+            )
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (future, offset)
+        writer.write(encode(kind, request_id, payload))
+        return future
+
+    async def infer(
+        self, model: ModelInfo, region: Region, options: ScoreOptions, timeout_s: float
+    ) -> ScoreColumns:
+        """Score the images in ``region``; the region belongs to the engine until it answers."""
+        t = region.tensor
+        request = InferRequest(
+            generation=model.generation,
+            offset=region.offset,
+            dtype=str(t.dtype).removeprefix("torch."),
+            shape=tuple(t.shape),
+            options=options,
+            timeout_s=timeout_s,
+        )
+        try:
+            future = self._send("infer", request, region.offset)
+        except NotReady:
+            self.release(region)
+            raise
+        data = await _wait(future, timeout_s + ANSWER_GRACE_S)
+        return ScoreColumns(np.asarray(data))
+
+    async def call(self, method: str, timeout_s: float = 600.0, **kwargs: Any) -> Any:
+        """Run an admin method in the engine (model swaps, training jobs)."""
+        self.current_model()
+        return await _wait(self._send("call", (method, kwargs), None), timeout_s)
+
+
+async def _wait(future: asyncio.Future[Any], timeout_s: float) -> Any:
+    from service.errors import DeadlineExceeded
+
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+    except TimeoutError:
+        raise DeadlineExceeded(
+            f"the engine did not answer within {timeout_s:g}s; the request may still complete"
+        ) from None

@@ -1,0 +1,99 @@
+"""A front-end process: FastAPI on uvicorn (uvloop + httptools) over the shared listening socket.
+
+Front ends parse HTTP, decode images into their shared-memory arena and encode responses; the
+engine does the rest. The supervisor forks them after importing torch, torchvision and the app,
+so their code pages are shared (see docs/architecture.md for the measured per-worker memory).
+
+Drain on SIGTERM/SIGINT (:class:`FrontendServer`): readiness turns false at once; for ``drain_s``
+the front end keeps answering, marking every response ``Connection: close``; then uvicorn stops
+accepting, finishes the requests it holds (``shutdown_grace_s`` at most) and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from types import FrameType
+
+import uvicorn
+
+from service.app import create_app
+from service.deps import ServiceState
+from service.engine_client import EngineClient
+from service.settings import Settings
+from service.shm import Arena
+
+
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
+
+
+#: uvicorn's fast paths when installed (they are dependencies; h11/asyncio are the fallback).
+LOOP = "uvloop" if _has("uvloop") else "asyncio"
+HTTP = "httptools" if _has("httptools") else "h11"
+
+
+class FrontendServer(uvicorn.Server):
+    """uvicorn.Server that drains for ``drain_s`` before shutting down; exits 0 on SIGTERM."""
+
+    def __init__(self, config: uvicorn.Config, state: ServiceState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Signal handler: start draining (not ready, Connection: close); a 2nd SIGINT forces."""
+        if self.state.drain_started is not None and sig == signal.SIGINT:
+            self.force_exit = True
+            self.should_exit = True
+            return
+        self.state.draining = True
+        if self.state.drain_started is None:
+            self.state.drain_started = time.monotonic()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop accepting first, give just-accepted connections a moment to deliver their
+        request (so it is answered, not cut), then uvicorn's own graceful shutdown."""
+        for server in self.servers:
+            server.close()
+        await asyncio.sleep(0.2)
+        await super().shutdown(sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        started = self.state.drain_started
+        if started is not None and time.monotonic() - started >= self.state.settings.drain_s:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def frontend_main(
+    settings: Settings, sock: socket.socket, engine_socket: str, arena_path: str, arena_size: int
+) -> None:
+    """Process entry point (forked by the supervisor)."""
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's handlers came with the fork
+        signal.signal(sig, signal.SIG_DFL)
+    import torch
+
+    torch.set_num_threads(1)  # decoding parallelism comes from processes, not intra-op threads
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s[frontend]: %(message)s",
+    )
+    engine = EngineClient(engine_socket, Arena(arena_path, arena_size))
+    app = create_app(settings, engine)
+    config = uvicorn.Config(
+        app,
+        loop=LOOP,
+        http=HTTP,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)),
+        access_log=False,
+        lifespan="on",
+    )
+    FrontendServer(config, app.state.service).run(sockets=[sock])

@@ -1,0 +1,134 @@
+"""Shared-memory arenas: how request tensors cross from a front end to the engine without a copy.
+
+Each front-end process owns one :class:`Arena`, a file in ``/dev/shm`` (tmpfs; pages are only
+backed once touched) created by the supervisor and mapped by that front end and by the engine. A
+front end allocates a region per request (:class:`Allocator`, first fit), decodes the request's
+images straight into it as uint8 ``(n, Cin, H, W)``, and sends the engine only the region's
+offset, dtype and shape over its control socket. The engine reads the region in place when it
+assembles a batch; the front end frees the region when the engine's answer for that request
+arrives (the engine is then done with it).
+
+Why this channel (measured, see docs/benchmarks.md): pickling a tensor through
+``multiprocessing.Queue`` costs a file-descriptor handshake per tensor with ``torch.multiprocessing``
+or a full copy and pickle otherwise; a mapped region costs nothing per request beyond a 60-byte
+control message.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import mmap
+import os
+from pathlib import Path
+
+import torch
+
+#: Region alignment in bytes (float32 views need 4; 64 keeps regions on cache lines).
+ALIGN = 64
+
+
+def shm_dir() -> Path:
+    """``/dev/shm`` when it is a writable directory (tmpfs), else the temp directory."""
+    d = Path("/dev/shm")
+    if d.is_dir() and os.access(d, os.W_OK):
+        return d
+    import tempfile
+
+    return Path(tempfile.gettempdir())
+
+
+def create_arena_file(path: Path, size: int) -> None:
+    """Create (or reset) a sparse arena file of ``size`` bytes."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+class Arena:
+    """A shared file mapped read-write; :meth:`view` gives tensors over byte ranges of it."""
+
+    def __init__(self, path: str | Path, size: int) -> None:
+        self.path = str(path)
+        self.size = int(size)
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            self._mm = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)  # (size,), shares the mapping
+
+    def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """A tensor of ``dtype`` and ``shape`` over the bytes at ``offset`` (no copy)."""
+        nbytes = nbytes_of(dtype, shape)
+        if offset < 0 or offset + nbytes > self.size:
+            raise ValueError(
+                f"region [{offset}, {offset + nbytes}) outside the arena ({self.size})"
+            )
+        return self._bytes[offset : offset + nbytes].view(dtype).view(shape)
+
+    def close(self) -> None:
+        del self._bytes
+        # A tensor view may still be alive (a batch computing): the mapping then goes with it.
+        with contextlib.suppress(BufferError):
+            self._mm.close()
+
+
+def nbytes_of(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+class Allocator:
+    """First-fit allocator of aligned regions in ``[0, size)``; free regions coalesce.
+
+    Used by one event loop only (no locking). :meth:`allocate` returns ``None`` when no free region
+    is large enough; the caller turns that into back-pressure (503).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._starts: list[int] = [0]  # free regions, sorted by start
+        self._lengths: dict[int, int] = {0: size}
+        self._used: dict[int, int] = {}
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._used.values())
+
+    def allocate(self, nbytes: int) -> int | None:
+        need = max(ALIGN, (nbytes + ALIGN - 1) // ALIGN * ALIGN)
+        for i, start in enumerate(self._starts):
+            length = self._lengths[start]
+            if length >= need:
+                del self._starts[i]
+                del self._lengths[start]
+                if length > need:
+                    rest = start + need
+                    self._starts.insert(i, rest)
+                    self._lengths[rest] = length - need
+                self._used[start] = need
+                return start
+        return None
+
+    def free(self, offset: int) -> None:
+        need = self._used.pop(offset, None)
+        if need is None:
+            return
+        i = bisect.bisect_left(self._starts, offset)
+        start, length = offset, need
+        if i < len(self._starts) and self._starts[i] == offset + need:  # merge with the next
+            nxt = self._starts.pop(i)
+            length += self._lengths.pop(nxt)
+        if i > 0:  # merge with the previous
+            prev = self._starts[i - 1]
+            if prev + self._lengths[prev] == offset:
+                self._lengths[prev] += length
+                return
+        self._starts.insert(i, start)
+        self._lengths[start] = length
+
+    def reset(self) -> None:
+        """Free everything (the engine restarted: no region is in use any more)."""
+        self.__init__(self.size)  # type: ignore[misc]

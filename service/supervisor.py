@@ -1,0 +1,289 @@
+"""``vge serve``'s process tree: one supervisor, N front ends, one engine per device.
+
+::
+
+    supervisor (this module: binds the port, starts, watches, restarts, drains)
+    ├── engine        spawned; model + batcher + forward + scoring + training jobs (engine.py)
+    ├── front end 0   forked; uvicorn on the shared socket; parse, decode, respond (frontend.py)
+    ├── ...
+    └── front end N-1
+
+* The supervisor binds the listening socket once; every front end accepts on it (the kernel
+  spreads connections). Front ends are forked after torch, torchvision and the app are imported,
+  so those pages are shared; the engine is spawned so CUDA starts in a clean process.
+* Each front end gets a shared-memory arena (:mod:`service.shm`) created here, so a restarted
+  front end finds its arena and the engine never maps a file that vanished.
+* Faults: a front end or the engine that dies (even ``kill -9``) is restarted. Requests caught in
+  flight are answered 503 by the surviving side (:mod:`service.engine_client`); ``/readyz`` is
+  503 until the engine is back. An engine that cannot start (a broken model) stops the server
+  with exit code 1 and its message.
+* Drain (SIGTERM or SIGINT): front ends turn not-ready at once and keep answering for
+  ``drain_s`` with ``Connection: close``; then they stop accepting and finish what they hold; the
+  supervisor answers any connection still waiting in the listen backlog with 503 (so every
+  request that reached the server gets an HTTP answer), stops the engine (which computes what it
+  holds) and exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from service.settings import Settings
+
+log = logging.getLogger("vge.supervisor")
+
+#: An engine that dies this many times in a row without becoming ready stops the server.
+MAX_ENGINE_FAILURES = 3
+ENGINE_START_TIMEOUT_S = 600.0
+
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+_BUSY_BODY = (
+    b'{"error": "the server is shutting down; retry on another replica", "code": "not_ready"}'
+)
+
+
+class Supervisor:
+    """Starts, watches and stops the engine and the front ends."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.engine_socket = str(workdir / "engine.sock")
+        self.n_workers = settings.resolved_workers()
+        self.arena_size = settings.shm_mb_per_worker * 1024 * 1024
+        self.arenas: list[str] = []
+        self.sock: socket.socket | None = None
+        self.engine: Any = None
+        self.engine_ready: Any = None
+        self.frontends: list[Any] = []
+        self._stopping = False
+        self._spawn = mp.get_context("spawn")
+        self._fork = mp.get_context("fork")
+        self._metrics: Any = None
+
+    # ------------------------------------------------------------------ start
+    def bind(self) -> int:
+        """Bind the listening socket (port 0 picks one); returns the port."""
+        s = self.settings
+        family = socket.AF_INET6 if ":" in s.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((s.host, s.port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        self.sock = sock
+        return int(sock.getsockname()[1])
+
+    def make_arenas(self) -> None:
+        from service.shm import create_arena_file, shm_dir
+
+        base = shm_dir()
+        for i in range(self.n_workers):
+            path = base / f"vge-{os.getpid()}-{i}.arena"
+            create_arena_file(path, self.arena_size)
+            self.arenas.append(str(path))
+
+    def start_engine(self) -> None:
+        from service.engine import engine_main
+
+        self.engine_ready = self._spawn.Event()
+        self.engine = self._spawn.Process(
+            target=engine_main,
+            args=(self.settings, self.engine_socket, self.engine_ready),
+            name="vge-engine",
+        )
+        self.engine.start()
+
+    def start_frontend(self, index: int) -> Any:
+        from service.frontend import frontend_main
+
+        proc = self._fork.Process(
+            target=frontend_main,
+            args=(
+                self.settings,
+                self.sock,
+                self.engine_socket,
+                self.arenas[index],
+                self.arena_size,
+            ),
+            name=f"vge-frontend-{index}",
+        )
+        proc.start()
+        return proc
+
+    def wait_engine_ready(self) -> bool:
+        """Block until the engine is ready (True) or died (False)."""
+        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+        while time.monotonic() < deadline and not self._stopping:
+            if self.engine_ready.wait(0.1):
+                return True
+            if not self.engine.is_alive():
+                return False
+        return self.engine_ready.is_set()
+
+    # ------------------------------------------------------------------ run
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._stopping = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.start_engine()
+        if not self.wait_engine_ready():
+            if self._stopping:
+                self._stop_engine()
+                return 0
+            print(
+                "vge serve: error: the engine failed to start (see the log above)", file=sys.stderr
+            )
+            return 1
+        from service.metrics import Metrics
+
+        self._metrics = Metrics()
+        self.frontends = [self.start_frontend(i) for i in range(self.n_workers)]
+        print(
+            f"vge serve: {self.n_workers} front end(s) + 1 engine; listening on "
+            f"http://{self.settings.host}:{self.sock.getsockname()[1]}",  # type: ignore[union-attr]
+            file=sys.stderr,
+            flush=True,
+        )
+        engine_failures = 0
+        while not self._stopping:
+            sentinels = [p.sentinel for p in [self.engine, *self.frontends]]
+            wait(sentinels, timeout=0.2)
+            if self._stopping:
+                break
+            for i, proc in enumerate(self.frontends):
+                if not proc.is_alive():
+                    log.error("front end %d (pid %d) died (%s); restarting", i, proc.pid,
+                              proc.exitcode)  # fmt: skip
+                    self._dead(proc.pid, "frontend")
+                    self.frontends[i] = self.start_frontend(i)
+            if not self.engine.is_alive():
+                log.error("engine (pid %d) died (%s); restarting", self.engine.pid,
+                          self.engine.exitcode)  # fmt: skip
+                self._dead(self.engine.pid, "engine")
+                self.start_engine()
+                if self.wait_engine_ready():
+                    engine_failures = 0
+                else:
+                    engine_failures += 1
+                    if engine_failures >= MAX_ENGINE_FAILURES:
+                        print("vge serve: error: the engine keeps failing; stopping",
+                              file=sys.stderr)  # fmt: skip
+                        self._stopping = True
+                        self._shutdown()
+                        return 1
+        self._shutdown()
+        return 0
+
+    def _dead(self, pid: int | None, role: str) -> None:
+        from prometheus_client import multiprocess
+
+        if pid is not None:
+            multiprocess.mark_process_dead(pid)
+        if self._metrics is not None:
+            self._metrics.worker_restarts.labels(role=role).inc()
+
+    # ------------------------------------------------------------------ stop
+    def _shutdown(self) -> None:
+        s = self.settings
+        for proc in self.frontends:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + s.drain_s + s.shutdown_grace_s + 5
+        for proc in self.frontends:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                log.error("front end pid %d did not stop; killing it", proc.pid)
+                proc.kill()
+                proc.join(5)
+        self._answer_backlog()
+        self._stop_engine()
+
+    def _answer_backlog(self) -> None:
+        """503 every connection still queued in the listen backlog, then close the socket."""
+        sock, self.sock = self.sock, None
+        if sock is None:
+            return
+        sock.setblocking(False)
+        answered = 0
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, OSError):
+                break
+            with contextlib.suppress(OSError), conn:
+                conn.settimeout(0.5)
+                with contextlib.suppress(OSError):
+                    conn.recv(65536)
+                conn.sendall(_BUSY % (len(_BUSY_BODY), _BUSY_BODY))
+                answered += 1
+        sock.close()
+        if answered:
+            log.info("answered %d queued connection(s) 503 at shutdown", answered)
+
+    def _stop_engine(self) -> None:
+        if self.engine is not None and self.engine.is_alive():
+            os.kill(self.engine.pid, signal.SIGTERM)
+            self.engine.join(self.settings.shutdown_grace_s + 15)
+            if self.engine.is_alive():
+                self.engine.kill()
+                self.engine.join(5)
+
+    def cleanup(self) -> None:
+        for path in self.arenas:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def run(settings: Settings) -> int:
+    """Serve until SIGTERM/SIGINT; returns the exit status (0 after a clean drain)."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="vge-serve-"))
+    metrics_dir = workdir / "metrics"
+    metrics_dir.mkdir()
+    # Before anything imports prometheus-client: every process of this server writes its
+    # samples here (multiprocess mode, see service/metrics.py).
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    if "prometheus_client" in sys.modules:  # imported early (e.g. embedding): re-resolve its values
+        from prometheus_client import values
+
+        values.ValueClass = values.get_value_class()
+    supervisor = Supervisor(settings, workdir)
+    try:
+        supervisor.bind()
+    except OSError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(
+            f"vge serve: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 2
+    # Import what front ends run before forking them: the pages stay shared (copy-on-write).
+    import service.frontend  # noqa: F401
+
+    try:
+        supervisor.make_arenas()
+        return supervisor.run()
+    finally:
+        supervisor.cleanup()
