@@ -1,0 +1,88 @@
+"""One distribution per answer, end to end: what a response says about an image is consistent."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as tritonclient_http
+from tritonclient.utils import InferenceServerException
+
+from tests.service.conftest import Server, start_server
+
+
+def test_first_listed_probability_is_the_prediction(server: Server, pngs: list[bytes]) -> None:
+    """For every response: probabilities[0].label == label, the listed probabilities are the
+    answer's mean in descending order, and abstain agrees with VGMU's rule at the served k."""
+    images = [base64.b64encode(p).decode() for p in pngs]
+    checked = 0
+    with server.client() as c:
+        for vgmu_on in (None, "p", "q"):
+            for top_k, abstain_k in ((1, None), (3, 0.0), (10, 2.0)):
+                for start in range(0, 64, 16):
+                    body: dict = {"images": images[start : start + 16], "top_k": top_k}
+                    if vgmu_on:
+                        body["vgmu_on"] = vgmu_on
+                    if abstain_k is not None:
+                        body["abstain_k"] = abstain_k
+                    r = c.post("/v1/predict", json=body)
+                    assert r.status_code == 200, r.text
+                    for res in r.json()["results"]:
+                        probs = res["probabilities"]
+                        assert probs[0]["label"] == res["label"] == str(res["prediction"])
+                        values = [p["probability"] for p in probs]
+                        assert values == sorted(values, reverse=True) and len(values) == top_k
+                        if abstain_k == 0.0:
+                            assert res["abstain"] is False  # k = 0: predict unless tied
+                        checked += 1
+    assert checked == 3 * 3 * 64
+
+
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """A model without a variance gate (LLE, M = 3): answers come from p."""
+    from models.training import TrainConfig, train
+
+    work = tmp_path_factory.mktemp("plain")
+    model = train(
+        TrainConfig(name="plain", epochs=1, max_train_samples=256, members=3, ensemble="lle",
+                    vgn=False, batch_size=64, device="cpu"),
+        work / "plain",
+    )  # fmt: skip
+    srv = start_server(work, Path(model), workers=1)
+    yield srv
+    srv.stop()
+
+
+def test_vgmu_on_q_without_a_gate_is_422_everywhere(
+    plain_server: Server, pngs: list[bytes]
+) -> None:
+    with plain_server.client() as c:
+        r = c.post("/v1/predict", params={"vgmu_on": "q"}, files=[("images", ("a.png", pngs[0]))])
+        assert r.status_code == 422 and "no variance gate" in r.json()["error"], r.text
+        ok = c.post("/v1/predict", files=[("images", ("a.png", pngs[0]))])
+        assert ok.status_code == 200
+        info = c.get("/v1/models").json()["models"][0]
+        assert info["answer_members"] == "p" and info["vgn"] is False
+    client = tritonclient_http.InferenceServerClient(plain_server.url.removeprefix("http://"))
+    inp = tritonclient_http.InferInput("images", [1, 1, 28, 28], "UINT8")
+    inp.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.uint8))
+    with pytest.raises(InferenceServerException, match="no variance gate"):
+        client.infer("plain", [inp], parameters={"vgmu_on": "q"})
+    client.close()
+
+
+def test_calibrated_abstain_k_is_always_accepted(server: Server, pngs: list[bytes]) -> None:
+    from models.evaluation.calibration import calibrate_abstain_k
+    from models.uncertainty.margin import ABSTAIN_K_MAX
+
+    # the largest k calibration can produce: defer everything, even for the most certain sample
+    p = np.zeros((2, 3, 2))
+    p[:, :, 0] = 1.0
+    k = calibrate_abstain_k(p, [0, 0], target_deferral=1.0)["abstain_k"]
+    assert 0 < k <= ABSTAIN_K_MAX
+    with server.client() as c:
+        r = c.post("/v1/predict", params={"abstain_k": k}, files=[("images", ("a.png", pngs[0]))])
+    assert r.status_code == 200 and r.json()["results"][0]["abstain"] is True

@@ -1,0 +1,162 @@
+"""The engine's dynamic batcher, in process (no subprocess): grouping, deadlines, limits, swap, drain.
+
+A real tiny model runs the batches; the batcher's results are checked against the predictor's own
+scoring of the same rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.predictor import Predictor
+from models.serving import ScoreOptions
+from service.batcher import Batcher
+from service.errors import DeadlineExceeded, QueueFull
+from service.metrics import Metrics
+
+
+@pytest.fixture(scope="module")
+def predictor(tiny_model: Path) -> Predictor:
+    return Predictor.from_dir(tiny_model, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def pixels(mnist: tuple[np.ndarray, np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(mnist[0][-32:]).unsqueeze(1).contiguous()  # (32, 1, 28, 28) uint8
+
+
+def _batcher(**kw: object) -> Batcher:
+    opts: dict = dict(max_batch_size=32, max_delay_s=0.05, max_queue_length=64, wait_always=True)
+    opts.update(kw)
+    return Batcher(metrics=Metrics(), **opts)
+
+
+def _alone(predictor: Predictor, x: torch.Tensor, options: ScoreOptions) -> np.ndarray:
+    return predictor.score_columns(predictor.run([x]), options).data
+
+
+def test_requests_with_different_options_share_a_batch_and_get_their_own_rows(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    a = ScoreOptions(abstain_k=0.5, members="q", top_k=3)
+    b = ScoreOptions(abstain_k=2.0, members="p", top_k=1)
+    metrics = Metrics()
+
+    async def main() -> list:
+        batcher = Batcher(max_batch_size=32, max_delay_s=0.2, max_queue_length=64,
+                          metrics=metrics, wait_always=True)  # fmt: skip
+        batcher.start()
+        jobs = [
+            batcher.submit(predictor, "tiny", pixels[i : i + 2], a if i % 4 == 0 else b, 10.0)
+            for i in range(0, 16, 2)
+        ]
+        out = await asyncio.gather(*jobs)
+        await batcher.drain(5.0)
+        return out
+
+    results = asyncio.run(main())
+    for n, cols in enumerate(results):
+        i = 2 * n
+        opts = a if i % 4 == 0 else b
+        np.testing.assert_allclose(cols.data, _alone(predictor, pixels[i : i + 2], opts),
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+        assert cols.top_k == opts.top_k
+    # all 8 requests (16 images) went through one forward pass
+    assert metrics.batch_size.labels(model="tiny")._sum.get() == 16
+    assert metrics.compute.labels(model="tiny")._sum.get() > 0
+
+
+def test_full_queue_is_refused_at_once_with_retry_after(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+
+    async def main() -> None:
+        batcher = _batcher(max_queue_length=4, max_delay_s=0.3)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit(predictor, "tiny", pixels[:4], opts, 10.0))
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull) as refused:
+            await batcher.submit(predictor, "tiny", pixels[:1], opts, 10.0)
+        assert int(refused.value.headers["Retry-After"]) >= 1
+        assert len(await first) == 4
+        await batcher.drain(5.0)
+
+    asyncio.run(main())
+
+
+def test_deadline_passes_while_queued_never_computed(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+    metrics = Metrics()
+
+    async def main() -> None:
+        batcher = Batcher(max_batch_size=32, max_delay_s=0.5, max_queue_length=64,
+                          metrics=metrics, wait_always=True)  # fmt: skip
+        batcher.start()
+        with pytest.raises(DeadlineExceeded):
+            await batcher.submit(predictor, "tiny", pixels[:1], opts, 0.05)
+        assert batcher.queued_rows == 0
+        await batcher.drain(5.0)
+
+    asyncio.run(main())
+    assert metrics.batch_size.labels(model="tiny")._sum.get() == 0  # nothing was computed
+
+
+def test_a_batch_never_mixes_models(tiny_model: Path, pixels: torch.Tensor) -> None:
+    """After a swap, requests admitted for the old predictor run on it, in their own batch."""
+    old = Predictor.from_dir(tiny_model, device="cpu")
+    new = Predictor.from_dir(tiny_model, device="cpu")
+    with torch.no_grad():
+        for p in new.module.parameters():
+            p.mul_(0.5)  # a different model
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=2)
+    metrics = Metrics()
+
+    async def main() -> list:
+        batcher = Batcher(max_batch_size=32, max_delay_s=0.1, max_queue_length=64,
+                          metrics=metrics, wait_always=True)  # fmt: skip
+        batcher.start()
+        out = await asyncio.gather(
+            batcher.submit(old, "tiny", pixels[:3], opts, 10.0),
+            batcher.submit(new, "tiny", pixels[:3], opts, 10.0),
+            batcher.submit(old, "tiny", pixels[3:5], opts, 10.0),
+        )
+        await batcher.drain(5.0)
+        return out
+
+    a, b, c = asyncio.run(main())
+    np.testing.assert_allclose(a.data, _alone(old, pixels[:3], opts), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.data, _alone(new, pixels[:3], opts), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c.data, _alone(old, pixels[3:5], opts), rtol=1e-5, atol=1e-6)
+    assert metrics.batch_size.labels(model="tiny")._sum.get() == 8
+    assert not np.allclose(a.data, b.data)
+
+
+def test_drain_computes_what_is_queued_then_refuses(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+
+    async def main() -> None:
+        batcher = _batcher(max_delay_s=5.0)  # would wait 5 s for a fuller batch
+        batcher.start()
+        queued = [
+            asyncio.create_task(batcher.submit(predictor, "tiny", pixels[i : i + 1], opts, 30.0))
+            for i in range(5)
+        ]
+        await asyncio.sleep(0.05)
+        t0 = asyncio.get_running_loop().time()
+        await batcher.drain(10.0)
+        assert asyncio.get_running_loop().time() - t0 < 2.0  # flushed, not after the 5 s wait
+        assert [len(r) for r in await asyncio.gather(*queued)] == [1] * 5
+        with pytest.raises(QueueFull, match="shutting down"):
+            await batcher.submit(predictor, "tiny", pixels[:1], opts, 1.0)
+
+    asyncio.run(main())

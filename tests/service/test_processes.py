@@ -1,0 +1,182 @@
+"""The process tree of ``vge serve``: front ends + engine, faults (kill -9), drain under keep-alive
+load, and metrics that describe the whole server whichever front end answers ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import Server, start_server
+
+
+def _children(pid: int) -> dict[str, list[int]]:
+    """The supervisor's children by role, from /proc (engine: spawned; front ends: forked)."""
+    roles: dict[str, list[int]] = {"engine": [], "frontend": []}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        except FileNotFoundError:
+            continue
+        if b"resource_tracker" in cmd:
+            continue
+        roles["engine" if b"spawn_main" in cmd else "frontend"].append(int(child))
+    return roles
+
+
+def _wait_until(cond, timeout: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _ready(server: Server) -> bool:
+    try:
+        return httpx.get(server.url + "/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Server:
+    """Two front ends; batches wait up to 1 s (so requests are caught queued in the engine)."""
+    srv = start_server(
+        tmp_path_factory.mktemp("tree"), tiny_model,
+        workers=2, max_batch_size=64, max_queue_delay_ms=1000, batch_wait="always",
+    )  # fmt: skip
+    yield srv
+    assert srv.stop() == 0, srv.log()
+
+
+def _predict(server: Server, png: bytes, **kw: object) -> httpx.Response:
+    return httpx.post(server.url + "/v1/predict", files=[("images", ("a.png", png))],
+                      timeout=30, **kw)  # fmt: skip
+
+
+def test_tree_has_two_front_ends_and_one_engine(tree: Server) -> None:
+    roles = _children(tree.proc.pid)
+    assert len(roles["frontend"]) == 2 and len(roles["engine"]) == 1
+
+
+def test_metrics_describe_every_process(tree: Server, pngs: list[bytes]) -> None:
+    """Each scrape may land on either front end; every one shows all requests of both."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = tree.metric("vge_request_duration_seconds_count", endpoint="/v1/predict")
+    with ThreadPoolExecutor(10) as pool:  # ten connections: the kernel spreads them
+        codes = list(pool.map(lambda i: _predict(tree, pngs[i]).status_code, range(10)))
+    assert codes == [200] * 10
+    seen = {tree.metric("vge_request_duration_seconds_count", endpoint="/v1/predict")
+            for _ in range(6)}  # fmt: skip
+    assert seen == {before + 10}
+    assert tree.metric("vge_predictions_total") >= 10
+    assert tree.metric("vge_batch_size_count") >= 1  # written by the engine process
+    assert tree.metric("vge_engine_ready") == 1
+
+
+def test_engine_killed_requests_in_flight_get_503_then_it_is_back(
+    tree: Server, pngs: list[bytes]
+) -> None:
+    results: list[httpx.Response] = []
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(_predict(tree, pngs[i])))
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    _wait_until(lambda: tree.metric("vge_queue_depth") >= 4, 10, "requests queued in the engine")
+    engine = _children(tree.proc.pid)["engine"][0]
+    t0 = time.monotonic()
+    os.kill(engine, signal.SIGKILL)
+    for t in threads:
+        t.join(10)
+    assert time.monotonic() - t0 < 5  # answered at once, not left hanging
+    assert sorted(r.status_code for r in results) == [503] * 4
+    assert all("restart" in r.json()["error"] and r.headers["retry-after"] for r in results)
+    # not ready until the engine is back, then serving again
+    r = httpx.get(tree.url + "/readyz", timeout=5)
+    assert r.status_code == 503
+    assert _predict(tree, pngs[0]).status_code == 503
+    _wait_until(lambda: _ready(tree), 60, "the engine to come back")
+    assert _children(tree.proc.pid)["engine"] != [engine]
+    assert _predict(tree, pngs[0]).status_code == 200
+    assert tree.metric("vge_process_restarts_total", role="engine") == 1
+
+
+def test_front_end_killed_is_restarted_and_others_keep_serving(
+    tree: Server, pngs: list[bytes]
+) -> None:
+    victim = _children(tree.proc.pid)["frontend"][0]
+    os.kill(victim, signal.SIGKILL)
+    # the other front end answers meanwhile (new connections go to whoever accepts)
+    assert _predict(tree, pngs[1]).status_code == 200
+    _wait_until(
+        lambda: (
+            len(_children(tree.proc.pid)["frontend"]) == 2
+            and victim not in _children(tree.proc.pid)["frontend"]
+        ),
+        30,
+        "the front end to be replaced",
+    )
+    codes = Counter(_predict(tree, pngs[i]).status_code for i in range(6))
+    assert codes == {200: 6}
+    assert tree.metric("vge_process_restarts_total", role="frontend") == 1
+
+
+def test_sigterm_under_keep_alive_load_answers_every_request(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes]
+) -> None:
+    """Every request written to the server gets an HTTP answer (200, or 503 while draining);
+    readiness turns false at once; responses during the drain say Connection: close; exit 0."""
+    srv = start_server(tmp_path_factory.mktemp("drain-load"), tiny_model,
+                       workers=2, drain_s=1.5, shutdown_grace_s=10)  # fmt: skip
+    outcomes: Counter[str] = Counter()
+    closes: list[tuple[float, bool]] = []  # (seconds after SIGTERM, Connection: close)
+    readiness: list[int] = []
+    sigterm_at: list[float] = []
+
+    async def client(i: int, stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as c:  # keep-alive pool
+            while True:
+                try:
+                    r = await c.post("/v1/predict", files=[("images", ("a.png", pngs[i % 64]))])
+                except httpx.ConnectError:  # the listener is gone: the request never reached it
+                    outcomes["refused"] += 1
+                    return
+                except httpx.TransportError as exc:  # written but unanswered: the bug we forbid
+                    outcomes[f"lost: {type(exc).__name__}"] += 1
+                    return
+                outcomes[str(r.status_code)] += 1
+                if stop.is_set():
+                    closes.append((time.monotonic() - sigterm_at[0],
+                                   r.headers.get("connection") == "close"))  # fmt: skip
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(client(i, stop)) for i in range(16)]
+        await asyncio.sleep(1.0)
+        srv.proc.send_signal(signal.SIGTERM)
+        sigterm_at.append(time.monotonic())
+        stop.set()
+        await asyncio.sleep(0.3)
+        async with httpx.AsyncClient(timeout=5) as probe:
+            readiness.append((await probe.get(srv.url + "/readyz")).status_code)
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+    asyncio.run(main())
+    assert srv.proc.wait(30) == 0, srv.log()
+    lost = {k: v for k, v in outcomes.items() if k.startswith("lost")}
+    assert not lost, (outcomes, srv.log())
+    assert set(outcomes) <= {"200", "503", "refused"}, outcomes
+    assert outcomes["200"] > 50
+    assert readiness == [503]
+    late = [closed for t, closed in closes if t > 0.5]  # the supervisor forwards within 0.2 s
+    assert late and all(late)
