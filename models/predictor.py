@@ -48,6 +48,7 @@ class Predictor:
         self._mean = list(card.mean)
         self._std = list(card.std)
         self._decide = decide
+        self._compiled = False
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, device: str | torch.device | None = None) -> Predictor:
@@ -108,6 +109,12 @@ class Predictor:
                         for t in parts
                     ]
                 )
+            n = x.shape[0]
+            if self._compiled and n & (n - 1):  # pad to a power-of-two bucket: one graph per size
+                pad = (1 << n.bit_length()) - n
+                x = torch.cat((x, x.new_zeros((pad, *x.shape[1:]))))
+                out = self.module(x)
+                return EnsembleOutput(out.p[:n], None if out.q is None else out.q[:n])
             return self.module(x)
 
     def _to_device(self, x: Tensor) -> Tensor:
@@ -173,18 +180,28 @@ class Predictor:
             packed = self._decide(members.float(), options.abstain_k, options.top_k)
         return ScoreColumns.from_tensor(packed)
 
-    def compile(self) -> None:
+    def compile(self, warm_up: tuple[int, ...] = (1,)) -> bool:
         """Compile the forward pass and the decision with ``torch.compile`` (CUDA graphs on a GPU).
 
-        Falls back to eager execution, with a warning, when compilation fails.
+        Batches are padded to power-of-two buckets (:meth:`run`), so each bucket is compiled (and
+        on CUDA captured as a graph) once. Compiles now for the ``warm_up`` batch sizes; falls back
+        to eager execution, with a warning, when compilation fails. Returns whether it compiled.
         """
+        eager_module, eager_decide = self.module, self._decide
         try:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self.module = torch.compile(self.module, mode=mode, dynamic=False)
+            self.module = torch.compile(eager_module, mode=mode, dynamic=False)
             self._decide = torch.compile(decide, dynamic=False)
+            self._compiled = True
+            c, h, w = self.card.in_channels, *self.card.input_size
+            for n in warm_up:
+                x = torch.zeros((n, c, h, w), dtype=torch.uint8)
+                self.score_columns(self.run([x]), self.options())
+            return True
         except Exception as exc:  # noqa: BLE001 - any backend failure means "run eagerly"
             warnings.warn(f"torch.compile failed, running eagerly: {exc}", stacklevel=2)
-            self._decide = decide
+            self.module, self._decide, self._compiled = eager_module, eager_decide, False
+            return False
 
     def score(
         self,

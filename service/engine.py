@@ -69,6 +69,7 @@ class Engine:
         await self.models.load_initial()
         self.batcher.start()
         self.metrics.init_job_states()
+        self._export_model_series()
         await asyncio.to_thread(self.jobs.start)
         Path(socket_path).unlink(missing_ok=True)
         server = await asyncio.start_unix_server(self._serve_client, path=socket_path)
@@ -99,7 +100,7 @@ class Engine:
 
     async def _watch_device_memory(self) -> None:
         while True:
-            self.metrics.update_device_memory()
+            self.metrics.update_device_memory(self.settings.resolved_device())
             await asyncio.sleep(5.0)
 
     # ------------------------------------------------------------------ clients
@@ -107,7 +108,20 @@ class Engine:
         if not writer.is_closing():
             writer.write(encode(kind, request_id, payload))
 
+    def _export_model_series(self) -> None:
+        """Export the served model's series from the start (at 0), not from its first request:
+        dashboards and alerts see a value, not an absent series."""
+        current = self.models.current
+        if current is not None:
+            name = current.info.name
+            self.metrics.queue_depth.labels(model=name).set(self.batcher.queued_rows)
+            for abstained in ("true", "false"):
+                self.metrics.predictions.labels(model=name, abstained=abstained)
+            for histogram in (self.metrics.queue_wait, self.metrics.compute, self.metrics.batch_size):
+                histogram.labels(model=name)
+
     def _broadcast_model(self) -> None:
+        self._export_model_series()
         current = self.models.current
         if current is not None:
             for writer in list(self._clients):
@@ -211,6 +225,9 @@ class Engine:
 
 def engine_main(settings: Settings, socket_path: str, ready: Any = None) -> None:
     """Process entry point (spawned by the supervisor)."""
+    from service.supervisor import die_with_parent
+
+    die_with_parent()
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",

@@ -76,6 +76,9 @@ def frontend_main(
     settings: Settings, sock: socket.socket, engine_socket: str, arena_path: str, arena_size: int
 ) -> None:
     """Process entry point (forked by the supervisor)."""
+    from service.supervisor import die_with_parent
+
+    die_with_parent()
     for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's handlers came with the fork
         signal.signal(sig, signal.SIG_DFL)
     import torch

@@ -117,7 +117,7 @@ class Metrics:
         )
         self.device_memory = Gauge(
             "vge_device_memory_bytes",
-            "Accelerator memory in use by the engine.",
+            "Accelerator memory in use by the engine (an engine on the CPU: its resident set).",
             ["device", "kind"],
             registry=r,
             multiprocess_mode="livesum",
@@ -150,11 +150,23 @@ class Metrics:
         if len(abstains) - n_abstain:
             self.predictions.labels(model=model, abstained="false").inc(len(abstains) - n_abstain)
 
-    def update_device_memory(self) -> None:
-        """Refresh the device-memory gauge from torch (CUDA only; a no-op elsewhere)."""
+    def update_device_memory(self, device: str = "cuda") -> None:
+        """Refresh the device-memory gauge: CUDA allocator statistics per GPU, or, for an engine on
+        the CPU, its resident set size as ``device="cpu"`` (allocated = reserved = RSS)."""
         import torch
 
-        if not torch.cuda.is_available():
+        if not device.startswith("cuda") or not torch.cuda.is_available():
+            if device == "cpu":
+                import resource
+
+                # ru_maxrss is the peak, in KiB on Linux; the current RSS is in /proc.
+                try:
+                    with open("/proc/self/statm") as f:
+                        rss = int(f.read().split()[1]) * resource.getpagesize()
+                except OSError:
+                    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+                for kind in ("allocated", "reserved"):
+                    self.device_memory.labels(device="cpu", kind=kind).set(rss)
             return
         for i in range(torch.cuda.device_count()):
             dev = f"cuda:{i}"

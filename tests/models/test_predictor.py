@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -134,3 +135,18 @@ def test_score_non_vgn_uses_p_mean_and_default_k(tmp_path):
     assert rows[0]["probabilities"][0]["probability"] == pytest.approx(
         float(out.p.mean(1)[0].max()), abs=1e-6
     )
+
+
+def test_compiled_bucketed_path_matches_eager(tmp_path):
+    """torch.compile (CUDA graphs on a GPU) with power-of-two buckets: same answers as eager.
+
+    On this CPU it runs inductor's C++ backend; a 5-row batch is padded to the 8-row bucket.
+    """
+    pred = _save(tmp_path, vgn=True)
+    x = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8)
+    opts = pred.options(top_k=3)
+    eager = pred.score_columns(pred.run([x]), opts).data
+    assert pred.compile(warm_up=(8,))
+    compiled = pred.score_columns(pred.run([x]), opts).data
+    assert compiled.shape == eager.shape == (5, 7 + 2 * 3)
+    np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,1 @@
+"""Peer servers for side-by-side benchmarks (never runtime dependencies of vge-serve)."""

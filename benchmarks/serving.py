@@ -1,0 +1,333 @@
+"""Side-by-side serving benchmark: vge serve vs LitServe (defaults and scaled out) vs PyTriton.
+
+The same model (the shipped default) and the same real MNIST PNG answered by every server; one
+load client for all: ``wrk`` (keep-alive, closed loop: one request in flight per connection),
+loopback only, each run bounded in time. Levels 1/16/64/256 connections with one image per
+request, and 64-image requests; targets and levels interleaved round by round, medians and the
+spread (min–max) over rounds reported. Plus the in-process ceiling: decode + prepare + forward +
+score of 64-image batches in one process, no HTTP.
+
+    python -m benchmarks.serving                      # all targets, 3 rounds, 4 s per run
+    python -m benchmarks.serving --targets vge litserve --rounds 1 --duration 2
+
+Peers are benchmark-only (never runtime dependencies): LitServe from PyPI in this venv
+(``pip install litserve``); PyTriton 0.7 in its own Python 3.11 venv with ``numpy<2``, given by
+``--pytriton-python`` (skipped when absent). Needs ``wrk`` (Debian package). Results are printed
+and written to docs/benchmarks.md (section "Serving side by side").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+from torchvision.io import encode_png
+
+REPO = Path(__file__).resolve().parents[1]
+BOUNDARY = "vgebenchboundary"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pngs(n: int) -> list[bytes]:
+    images = np.load(REPO / "models" / "data" / "mnist-8k.npz")["images"][-n:]
+    return [encode_png(torch.from_numpy(im).unsqueeze(0)).numpy().tobytes() for im in images]
+
+
+def multipart(pngs: list[bytes]) -> bytes:
+    parts = [
+        (
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="images"; '
+            f'filename="{i}.png"\r\nContent-Type: image/png\r\n\r\n'
+        ).encode()
+        + png
+        + b"\r\n"
+        for i, png in enumerate(pngs)
+    ]
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def pytriton_body(pngs: list[bytes]) -> tuple[bytes, int]:
+    """A V2 infer request with the PNGs as a BYTES tensor (binary extension); (body, header len)."""
+    import json
+
+    raw = b"".join(len(p).to_bytes(4, "little") + p for p in pngs)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "images",
+                    "shape": [len(pngs), 1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": "result", "parameters": {"binary_data": False}}],
+        }
+    ).encode()
+    return head + raw, len(head)
+
+
+@dataclass
+class Target:
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    path: str
+    ready_path: str
+    body_kind: str = "multipart"  # or "pytriton"
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = 0
+    extra_ports: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [a.format(port=self.port, p1=self.extra_ports[0] if self.extra_ports else 0,
+                      p2=self.extra_ports[1] if len(self.extra_ports) > 1 else 0)
+             for a in self.cmd],
+            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + self.ready_path, timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{self.name} not ready in 180 s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its own process group, started above
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+def targets(names: list[str], pytriton_python: str | None, workdir: Path) -> list[Target]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
+    out: list[Target] = []
+    for name in names:
+        port = _free_port()
+        if name == "vge":
+            env = {**base, "VGE_HOST": "127.0.0.1", "VGE_PORT": str(port), "VGE_DEVICE": "cpu",
+                   "VGE_LOG_LEVEL": "warning", "VGE_JOBS_DB_URL": f"sqlite:///{workdir}/jobs.db",
+                   "VGE_JOBS_DIR": str(workdir / "jobs"), "VGE_MAX_QUEUE_LENGTH": "8192"}  # fmt: skip
+            t = Target(name, [sys.executable, "-m", "service.cli.serve"], env, "/v1/predict",
+                       "/readyz")  # fmt: skip
+        elif name in ("litserve", "litserve-scaled"):
+            args = ["--workers", "2", "--api-servers", "2"] if name == "litserve-scaled" else []
+            t = Target(name, [sys.executable, "-m", "benchmarks.peers.litserve_app", "--port",
+                              "{port}", *args], base, "/v1/predict", "/health")  # fmt: skip
+        elif name == "pytriton":
+            if not pytriton_python or not Path(pytriton_python).exists():
+                print(f"skipping pytriton: no interpreter at {pytriton_python}", file=sys.stderr)
+                continue
+            env = {**base, "PYTHONPATH": str(REPO)}
+            t = Target(name, [pytriton_python, "-m", "benchmarks.peers.pytriton_app", "--http-port",
+                              "{port}", "--grpc-port", "{p1}", "--metrics-port", "{p2}"], env,
+                       "/v2/models/vge/infer", "/v2/health/ready", body_kind="pytriton")  # fmt: skip
+            t.extra_ports = [_free_port(), _free_port()]
+        else:
+            raise SystemExit(f"unknown target {name!r}")
+        t.port = port
+        out.append(t)
+    return out
+
+
+WRK_LUA = """
+local f = io.open("{body}", "rb"); local body = f:read("*all"); f:close()
+wrk.method = "POST"
+wrk.body = body
+wrk.headers["Content-Type"] = "{ctype}"
+{extra}
+"""
+
+
+def wrk(url: str, body_file: Path, ctype: str, extra: str, conc: int, duration: float) -> dict:
+    lua = body_file.with_suffix(".lua")
+    lua.write_text(WRK_LUA.format(body=body_file, ctype=ctype, extra=extra))
+    threads = max(1, min(conc, 2))
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{conc}", f"-d{duration}s", "--latency", "--timeout", "30s",
+         "-s", str(lua), url],
+        capture_output=True, text=True, timeout=duration + 60,
+    ).stdout  # fmt: skip
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+
+    def pct(p: str) -> float:
+        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)", out, re.M)
+        if not m:
+            return float("nan")
+        v, unit = float(m.group(1)), m.group(2)
+        return v / 1000 if unit == "us" else v * 1000 if unit == "s" else v
+
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    n_err = int(bad.group(1)) if bad else 0
+    if errors:
+        n_err += sum(int(g) for g in errors.groups())
+    return {"rps": rps, "p50": pct("50"), "p99": pct("99"), "errors": n_err}
+
+
+def in_process_ceiling(pngs: list[bytes], seconds: float = 3.0) -> float:
+    """images/s for decode + prepare + forward + score of 64-image batches, one process."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    from models.predictor import Predictor
+    from models.zoo import default_model_dir
+
+    predictor = Predictor.from_dir(default_model_dir(), device="cpu")
+    batch = pngs[:64]
+
+    def once() -> None:
+        x = torch.stack([
+            predictor.prepare(decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8),
+                                           mode=ImageReadMode.UNCHANGED)) for b in batch
+        ])  # fmt: skip
+        predictor.score(predictor.forward(x), top_k=5)
+
+    once()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        once()
+        n += len(batch)
+    return n / (time.perf_counter() - t0)
+
+
+def pss_mb(pid: int) -> float:
+    """Proportional set size of a process tree (MiB), from /proc/<pid>/smaps_rollup."""
+    total = 0
+    pids = [pid]
+    while pids:
+        p = pids.pop()
+        try:
+            text = Path(f"/proc/{p}/smaps_rollup").read_text()
+            total += int(re.search(r"^Pss:\s+(\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+            pids += [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.serving")
+    parser.add_argument("--targets", nargs="+",
+                        default=["vge", "litserve", "litserve-scaled", "pytriton"])  # fmt: skip
+    parser.add_argument("--levels", nargs="+", type=int, default=[1, 16, 64, 256])
+    parser.add_argument("--batch-levels", nargs="+", type=int, default=[4, 16],
+                        help="connections for 64-image requests")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--pytriton-python", default="/tmp/pytriton-venv/bin/python")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    if shutil.which("wrk") is None:
+        print("benchmarks.serving: error: needs wrk (apt-get install wrk)", file=sys.stderr)
+        return 2
+
+    workdir = Path(tempfile.mkdtemp(prefix="vge-bench-"))
+    pngs = _pngs(64)
+    bodies = {}
+    for kind in ("multipart", "pytriton"):
+        for n in (1, 64):
+            path = workdir / f"{kind}-{n}.bin"
+            if kind == "multipart":
+                path.write_bytes(multipart(pngs[:n]))
+                bodies[(kind, n)] = (path, f"multipart/form-data; boundary={BOUNDARY}", "")
+            else:
+                body, head_len = pytriton_body(pngs[:n])
+                path.write_bytes(body)
+                extra = f'wrk.headers["Inference-Header-Content-Length"] = "{head_len}"'
+                bodies[(kind, n)] = (path, "application/octet-stream", extra)
+
+    ceiling = in_process_ceiling(pngs)
+    print(f"in-process ceiling (64-image batches): {ceiling:,.0f} images/s", flush=True)
+    runs = targets(args.targets, args.pytriton_python, workdir)
+    results: dict[tuple[str, int, int], list[dict]] = {}
+    memory: dict[str, float] = {}
+    try:
+        for t in runs:
+            t.start()
+            memory[t.name] = pss_mb(t.proc.pid)  # type: ignore[union-attr]
+            print(f"{t.name}: ready, {memory[t.name]:.0f} MiB PSS", flush=True)
+        for r in range(args.rounds):
+            for images, levels in ((1, args.levels), (64, args.batch_levels)):
+                for conc in levels:
+                    for t in runs:  # interleaved: every target at this level, then the next
+                        body, ctype, extra = bodies[(t.body_kind, images)]
+                        res = wrk(t.url + t.path, body, ctype, extra, conc, args.duration)
+                        results.setdefault((t.name, images, conc), []).append(res)
+                        print(f"round {r + 1} {t.name:16s} images={images:2d} c={conc:3d} "
+                              f"{res['rps']:8.1f} req/s p50 {res['p50']:.1f} ms "
+                              f"p99 {res['p99']:.1f} ms errors {res['errors']}", flush=True)  # fmt: skip
+    finally:
+        for t in runs:
+            t.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    lines = [
+        f"In-process ceiling (decode + prepare + forward + score, 64-image batches, one process, "
+        f"no HTTP): **{ceiling:,.0f} images/s**.",
+        "",
+        "Memory after start-up (PSS of the whole process tree): "
+        + ", ".join(f"{k} {v:,.0f} MiB" for k, v in memory.items())
+        + ".",
+        "",
+        "| images/request | connections | server | req/s median (min–max) | images/s | p50 ms | "
+        "p99 ms | errors |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for (name, images, conc), rs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        rps = [x["rps"] for x in rs]
+        med = statistics.median(rps)
+        p50 = statistics.median(x["p50"] for x in rs)
+        p99 = statistics.median(x["p99"] for x in rs)
+        errs = sum(x["errors"] for x in rs)
+        lines.append(
+            f"| {images} | {conc} | {name} | {med:,.0f} ({min(rps):,.0f}–{max(rps):,.0f}) | "
+            f"{med * images:,.0f} | {p50:.1f} | {p99:.1f} | {errs} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if not args.no_write:
+        from benchmarks.report import write_section
+
+        write_section(
+            "Serving side by side",
+            f"python -m benchmarks.serving {' '.join(argv or sys.argv[1:])}".strip(),
+            table,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
