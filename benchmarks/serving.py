@@ -154,7 +154,7 @@ def targets(names: list[str], pytriton_python: str | None, workdir: Path) -> lis
             env = {**base, "PYTHONPATH": str(REPO)}
             t = Target(name, [pytriton_python, "-m", "benchmarks.peers.pytriton_app", "--http-port",
                               "{port}", "--grpc-port", "{p1}", "--metrics-port", "{p2}"], env,
-                       "/v2/models/vge/infer", "/v2/health/ready", body_kind="pytriton")  # fmt: skip
+                       "/v2/models/vge/infer", "/v2/models/vge/ready", body_kind="pytriton")  # fmt: skip
             t.extra_ports = [_free_port(), _free_port()]
         else:
             raise SystemExit(f"unknown target {name!r}")
@@ -177,11 +177,14 @@ def wrk(url: str, body_file: Path, ctype: str, extra: str, conc: int, duration: 
     lua.write_text(WRK_LUA.format(body=body_file, ctype=ctype, extra=extra))
     threads = max(1, min(conc, 2))
     out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{conc}", f"-d{duration}s", "--latency", "--timeout", "30s",
+        ["wrk", f"-t{threads}", f"-c{conc}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "30s",
          "-s", str(lua), url],
         capture_output=True, text=True, timeout=duration + 60,
     ).stdout  # fmt: skip
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    found = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if found is None:
+        raise RuntimeError(f"wrk gave no result for {url}:\n{out}")
+    rps = float(found.group(1))
 
     def pct(p: str) -> float:
         m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)", out, re.M)
@@ -199,21 +202,25 @@ def wrk(url: str, body_file: Path, ctype: str, extra: str, conc: int, duration: 
 
 
 def in_process_ceiling(pngs: list[bytes], seconds: float = 3.0) -> float:
-    """images/s for decode + prepare + forward + score of 64-image batches, one process."""
+    """images/s for decode + conform + forward + score + JSON records of 64-image batches in one
+    process (no HTTP, no IPC): the same library calls as the served path, at its best."""
     from torchvision.io import ImageReadMode, decode_image
 
     from models.predictor import Predictor
     from models.zoo import default_model_dir
 
+    torch.set_num_threads(1)
     predictor = Predictor.from_dir(default_model_dir(), device="cpu")
     batch = pngs[:64]
+    options = predictor.options(top_k=5)
+    names = list(predictor.card.class_names)
 
     def once() -> None:
         x = torch.stack([
-            predictor.prepare(decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8),
+            predictor.conform(decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8),
                                            mode=ImageReadMode.UNCHANGED)) for b in batch
         ])  # fmt: skip
-        predictor.score(predictor.forward(x), top_k=5)
+        predictor.score_columns(predictor.run([x]), options).records(names, options.abstain_k)
 
     once()
     n, t0 = 0, time.perf_counter()
@@ -275,20 +282,24 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, int, int], list[dict]] = {}
     memory: dict[str, float] = {}
     try:
-        for t in runs:
-            t.start()
-            memory[t.name] = pss_mb(t.proc.pid)  # type: ignore[union-attr]
-            print(f"{t.name}: ready, {memory[t.name]:.0f} MiB PSS", flush=True)
+        # Rounds interleave the targets; within a round one server runs at a time (peers that
+        # poll while idle would otherwise take CPU from the one being measured on 2 cores).
         for r in range(args.rounds):
-            for images, levels in ((1, args.levels), (64, args.batch_levels)):
-                for conc in levels:
-                    for t in runs:  # interleaved: every target at this level, then the next
+            for t in runs:
+                t.start()
+                try:
+                    memory.setdefault(t.name, pss_mb(t.proc.pid))  # type: ignore[union-attr]
+                    for images, levels in ((1, args.levels), (64, args.batch_levels)):
                         body, ctype, extra = bodies[(t.body_kind, images)]
-                        res = wrk(t.url + t.path, body, ctype, extra, conc, args.duration)
-                        results.setdefault((t.name, images, conc), []).append(res)
-                        print(f"round {r + 1} {t.name:16s} images={images:2d} c={conc:3d} "
-                              f"{res['rps']:8.1f} req/s p50 {res['p50']:.1f} ms "
-                              f"p99 {res['p99']:.1f} ms errors {res['errors']}", flush=True)  # fmt: skip
+                        wrk(t.url + t.path, body, ctype, extra, 4, 1)  # warm-up, not recorded
+                        for conc in levels:
+                            res = wrk(t.url + t.path, body, ctype, extra, conc, args.duration)
+                            results.setdefault((t.name, images, conc), []).append(res)
+                            print(f"round {r + 1} {t.name:16s} images={images:2d} c={conc:3d} "
+                                  f"{res['rps']:8.1f} req/s p50 {res['p50']:.1f} ms "
+                                  f"p99 {res['p99']:.1f} ms errors {res['errors']}", flush=True)  # fmt: skip
+                finally:
+                    t.stop()
     finally:
         for t in runs:
             t.stop()

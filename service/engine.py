@@ -117,7 +117,11 @@ class Engine:
             self.metrics.queue_depth.labels(model=name).set(self.batcher.queued_rows)
             for abstained in ("true", "false"):
                 self.metrics.predictions.labels(model=name, abstained=abstained)
-            for histogram in (self.metrics.queue_wait, self.metrics.compute, self.metrics.batch_size):
+            for histogram in (
+                self.metrics.queue_wait,
+                self.metrics.compute,
+                self.metrics.batch_size,
+            ):
                 histogram.labels(model=name)
 
     def _broadcast_model(self) -> None:
