@@ -132,13 +132,15 @@ class Target:
                 self.proc.wait(10)
 
 
-def targets(names: list[str], pytriton_python: str | None, workdir: Path) -> list[Target]:
+def targets(
+    names: list[str], pytriton_python: str | None, workdir: Path, vge_device: str = "cpu"
+) -> list[Target]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
     out: list[Target] = []
     for name in names:
         port = _free_port()
         if name == "vge":
-            env = {**base, "VGE_HOST": "127.0.0.1", "VGE_PORT": str(port), "VGE_DEVICE": "cpu",
+            env = {**base, "VGE_HOST": "127.0.0.1", "VGE_PORT": str(port), "VGE_DEVICE": vge_device,
                    "VGE_LOG_LEVEL": "warning", "VGE_JOBS_DB_URL": f"sqlite:///{workdir}/jobs.db",
                    "VGE_JOBS_DIR": str(workdir / "jobs"), "VGE_MAX_QUEUE_LENGTH": "8192"}  # fmt: skip
             t = Target(name, [sys.executable, "-m", "service.cli.serve"], env, "/v1/predict",
@@ -245,6 +247,28 @@ def pss_mb(pid: int) -> float:
     return total / 1024
 
 
+def pss_by_process(pid: int) -> dict[str, float]:
+    """PSS and RSS (MiB) of a process and each of its children, by command line (vge's tree)."""
+    out: dict[str, float] = {}
+
+    def one(p: int) -> tuple[float, float]:
+        text = Path(f"/proc/{p}/smaps_rollup").read_text()
+        pss = int(re.search(r"^Pss:\s+(\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+        rss = int(re.search(r"^Rss:\s+(\d+)", text, re.M).group(1))  # type: ignore[union-attr]
+        return pss / 1024, rss / 1024
+
+    out["supervisor PSS"], out["supervisor RSS"] = one(pid)
+    n = 0
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"resource_tracker" in cmd:
+            continue
+        role = "engine" if b"spawn_main" in cmd else f"front end {n}"
+        n += role != "engine"
+        out[f"{role} PSS"], out[f"{role} RSS"] = one(int(child))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.serving")
     parser.add_argument("--targets", nargs="+",
@@ -255,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--pytriton-python", default="/tmp/pytriton-venv/bin/python")
+    parser.add_argument("--vge-device", default="cpu", help="VGE_DEVICE for the vge target")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     if shutil.which("wrk") is None:
@@ -278,9 +303,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ceiling = in_process_ceiling(pngs)
     print(f"in-process ceiling (64-image batches): {ceiling:,.0f} images/s", flush=True)
-    runs = targets(args.targets, args.pytriton_python, workdir)
+    runs = targets(args.targets, args.pytriton_python, workdir, args.vge_device)
     results: dict[tuple[str, int, int], list[dict]] = {}
     memory: dict[str, float] = {}
+    breakdown: dict[str, dict[str, float]] = {}
     try:
         # Rounds interleave the targets; within a round one server runs at a time (peers that
         # poll while idle would otherwise take CPU from the one being measured on 2 cores).
@@ -289,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                 t.start()
                 try:
                     memory.setdefault(t.name, pss_mb(t.proc.pid))  # type: ignore[union-attr]
+                    if t.name == "vge" and "vge-processes" not in breakdown:
+                        breakdown["vge-processes"] = pss_by_process(t.proc.pid)  # type: ignore[union-attr]
                     for images, levels in ((1, args.levels), (64, args.batch_levels)):
                         body, ctype, extra = bodies[(t.body_kind, images)]
                         wrk(t.url + t.path, body, ctype, extra, 4, 1)  # warm-up, not recorded
@@ -313,6 +341,17 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{k} {v:,.0f} MiB" for k, v in memory.items())
         + ".",
         "",
+        *(
+            [
+                "vge by process (MiB): "
+                + ", ".join(f"{k} {v:,.0f}" for k, v in breakdown["vge-processes"].items())
+                + ". Front ends are forked after torch is imported: their RSS counts pages they "
+                "share with the supervisor, their PSS charges each only its share.",
+                "",
+            ]
+            if "vge-processes" in breakdown
+            else []
+        ),
         "| images/request | connections | server | req/s median (min–max) | images/s | p50 ms | "
         "p99 ms | errors |",
         "|---:|---:|---|---:|---:|---:|---:|---:|",
@@ -333,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.report import write_section
 
         write_section(
-            "Serving side by side",
+            "Serving side by side"
+            + ("" if args.vge_device == "cpu" else f" (vge on {args.vge_device})"),
             f"python -m benchmarks.serving {' '.join(argv or sys.argv[1:])}".strip(),
             table,
         )

@@ -65,6 +65,8 @@ class ModelCard(BaseModel):
     learned_k: list[float] | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)
     abstain_calibration: dict[str, Any] = Field(default_factory=dict)
+    #: validation-split distribution of the served VGMU/EU (models.evaluation.drift)
+    uncertainty_reference: dict[str, Any] = Field(default_factory=dict)
     training: dict[str, Any] = Field(default_factory=dict)
     weights_sha256: str = ""
     created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))

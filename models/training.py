@@ -12,7 +12,9 @@ bilinear, background fill; see :func:`models.data.random_affine`) from a dedicat
 and test images are never augmented. ``lr_schedule`` = ``"plateau"`` multiplies the learning rate by
 ``lr_factor`` when the validation loss has not improved by ``min_delta`` for ``lr_patience`` epochs
 (``ReduceLROnPlateau``); ``"cosine"`` anneals it to ``lr * lr_factor`` over ``epochs``
-(``CosineAnnealingLR``). Early stopping and best-weight restoring are unchanged by either.
+(``CosineAnnealingLR``); ``"onecycle"`` warms up to ``lr`` and anneals to ~0 over all ``epochs``,
+stepped per batch (``OneCycleLR``; pair it with a patience that lets it run its course). Early
+stopping and best-weight restoring are unchanged by any of them.
 
 Loss (as the paper trains each kind, Section 4). VGN models use ``loss="mixture"``: the negative
 log-likelihood of the ensemble *mixture* ``-log q̄_y`` with ``q̄ = mean_m q_m``, so the VGN layer and
@@ -95,10 +97,10 @@ class TrainConfig(BaseModel):
     )
     epochs: int = Field(100, ge=1)
     lr: float = Field(1e-3, gt=0, le=1)
-    lr_schedule: Literal["constant", "plateau", "cosine"] = Field(
+    lr_schedule: Literal["constant", "plateau", "cosine", "onecycle"] = Field(
         "constant",
         description="constant | plateau (ReduceLROnPlateau on the validation loss) | cosine "
-        "(CosineAnnealingLR over epochs)",
+        "(CosineAnnealingLR over epochs) | onecycle (OneCycleLR to lr over all steps, per step)",
     )
     lr_factor: float = Field(
         0.5, gt=0, lt=1, description="plateau: lr multiplier per reduction; cosine: final lr / lr"
@@ -429,6 +431,11 @@ def _train(
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
             opt, T_max=config.epochs, eta_min=config.lr * config.lr_factor
         )
+    step_scheduler: Any = None  # stepped after every optimiser step
+    if config.lr_schedule == "onecycle":
+        step_scheduler = torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=config.lr, total_steps=len(loader) * config.epochs
+        )
     # Augmentation parameters come from their own generator (never the global RNG that dropout
     # uses), seeded from the config seed and the rank: same seed, same augmented batches.
     aug_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 7919 * (rank + 1))
@@ -478,6 +485,8 @@ def _train(
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
+                if step_scheduler is not None:
+                    step_scheduler.step()
                 step += 1
                 loss_sum += float(loss.detach()) * len(y)
                 n_seen += len(y)
@@ -655,8 +664,14 @@ def _finalise(
         metrics["evaluation"] = _jsonable(
             evaluate_predictions(p_test, q_test, y_test, abstain_k=calib["abstain_k"])
         )
+        from models.evaluation.drift import served_reference
+
         card = card.model_copy(
-            update={"metrics": metrics, "abstain_calibration": _jsonable(dict(calib))}
+            update={
+                "metrics": metrics,
+                "abstain_calibration": _jsonable(dict(calib)),
+                "uncertainty_reference": served_reference(p_val, q_val, calib),
+            }
         )
         save_card(card, out_dir)
     emit(

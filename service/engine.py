@@ -52,6 +52,7 @@ class Engine:
         )
         self.jobs = JobManager(settings, self.metrics)
         self._clients: set[asyncio.StreamWriter] = set()
+        self._monitors: dict[int, Any] = {}  # model generation -> UncertaintyMonitor
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self, socket_path: str, ready: Any = None) -> None:
@@ -108,6 +109,17 @@ class Engine:
         if not writer.is_closing():
             writer.write(encode(kind, request_id, payload))
 
+    def _monitor(self, generation: int, predictor: Any) -> Any:
+        from service.drift import UncertaintyMonitor
+
+        monitor = self._monitors.get(generation)
+        if monitor is None:
+            for old in [g for g in self._monitors if g < generation - 1]:
+                del self._monitors[old]
+            monitor = UncertaintyMonitor(predictor.card.name, predictor.card, self.metrics)
+            self._monitors[generation] = monitor
+        return monitor
+
     def _export_model_series(self) -> None:
         """Export the served model's series from the start (at 0), not from its first request:
         dashboards and alerts see a value, not an absent series."""
@@ -123,6 +135,7 @@ class Engine:
                 self.metrics.batch_size,
             ):
                 histogram.labels(model=name)
+            self._monitor(current.info.generation, current.predictor)
 
     def _broadcast_model(self) -> None:
         self._export_model_series()
@@ -186,6 +199,7 @@ class Engine:
                 predictor, predictor.card.name, x, req.options, req.timeout_s
             )
             self._send(writer, "ok", request_id, columns.data)
+            self._monitor(req.generation, predictor).observe(columns)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every request gets exactly one answer

@@ -28,6 +28,11 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0,
 )  # fmt: skip
 BATCH_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
+#: Buckets for uncertainty scores in [0, 1]: fine near 0, where in-distribution traffic lies
+#: (the drift reference's bin edges, models.evaluation.drift.DRIFT_EDGES).
+UNCERTAINTY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0,
+)  # fmt: skip
 LOAD_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 JOB_STATES: tuple[str, ...] = (
@@ -125,6 +130,43 @@ class Metrics:
         self.engine_ready = Gauge(
             "vge_engine_ready",
             "1 while the engine has a model loaded and admits requests, else 0.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        for score, what in (("vgmu", "VGMU"), ("eu", "epistemic uncertainty EU"),
+                            ("tu", "total uncertainty TU")):  # fmt: skip
+            setattr(self, f"prediction_{score}", Histogram(
+                f"vge_prediction_{score}",
+                f"{what} of every served image (the answer's member set; [0, 1]).",
+                ["model"],
+                buckets=UNCERTAINTY_BUCKETS,
+                registry=r,
+            ))  # fmt: skip
+        self.prediction_class = Counter(
+            "vge_prediction_class",
+            "Served images by predicted class.",
+            ["model", "label"],
+            registry=r,
+        )
+        self.uncertainty_drift = Gauge(
+            "vge_uncertainty_drift",
+            "PSI between the last 2000 served images' uncertainty and the card's validation "
+            "reference (< 0.1 none, 0.1-0.25 moderate, > 0.25 significant shift).",
+            ["model", "score"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.abstain_ratio_window = Gauge(
+            "vge_abstain_ratio_window",
+            "Share of the last 2000 served images that abstained.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.calibrated_deferral = Gauge(
+            "vge_calibrated_deferral",
+            "Deferral rate the served abstain_k was calibrated to (model card, validation split).",
+            ["model"],
             registry=r,
             multiprocess_mode="livemax",
         )

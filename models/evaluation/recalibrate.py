@@ -47,10 +47,14 @@ def recalibrate(
     metrics = dict(card.metrics)
     metrics["evaluation"] = _jsonable(evaluation)
     metrics["test_accuracy"] = evaluation["classification"]["accuracy"]
-    save_card(
-        card.model_copy(update={"metrics": metrics, "abstain_calibration": _jsonable(calib)}),
-        model_dir,
-    )
+    from models.evaluation.drift import served_reference
+
+    update = {
+        "metrics": metrics,
+        "abstain_calibration": _jsonable(calib),
+        "uncertainty_reference": served_reference(p_val, q_val, calib),
+    }
+    save_card(card.model_copy(update=update), model_dir)
     return calib
 
 

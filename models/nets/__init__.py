@@ -1,6 +1,7 @@
-"""Backbones (SI S3.1): LeNet-5 (MNIST), ResNet-18 and WideResNet-28-10 (SVHN, CIFAR)."""
+"""Backbones: LeNet-5 (MNIST), ResNet-18 and WideResNet-28-10 (SVHN, CIFAR) as in SI S3.1, and
+the small BatchNorm CNN of the shipped default model (``cnn4``)."""
 
-from . import lenet, resnet, wideresnet  # noqa: F401  (registers the backbones)
+from . import cnn, lenet, resnet, wideresnet  # noqa: F401  (registers the backbones)
 from .registry import (
     Backbone,
     HeadSpec,

@@ -204,6 +204,20 @@ def test_promtool_check_config():
     assert "SUCCESS" in res.stdout + res.stderr
 
 
+def test_alert_rules_check_and_unit_tests():
+    """promtool check rules + promtool test rules: synthetic series → exactly the expected alerts."""
+    rules = PROMETHEUS_CONFIG.parent / "alerts.yml"
+    res = run_tool([find_tool("promtool"), "check", "rules", str(rules)])
+    assert res.returncode == 0 and "SUCCESS: 7 rules found" in res.stdout, res.stdout + res.stderr
+    res = run_tool([find_tool("promtool"), "test", "rules", str(rules.with_name("alerts_test.yml"))])
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+    text = rules.read_text()
+    for name in ("VgeHighLatencyP99", "VgeServerErrors", "VgeQueueFull", "VgeEngineNotReady",
+                 "VgeTrainingJobFailed", "VgeAbstainRateHigh", "VgeUncertaintyDrift"):  # fmt: skip
+        assert f"alert: {name}" in text
+    assert text.count("runbook:") == 7
+
+
 # --------------------------------------------------------------------------------------------
 # Dockerfile
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,57 @@
+"""The served decision (``models.serving.decide``: VGMU, SNR, abstain, TU/AU/EU, top-k) per sample.
+
+    python -m benchmarks.decision [--device cuda] [--compile]
+
+B = 128 and 4096, M = 100, C = 1000, float32, eager and (with ``--compile``) ``torch.compile``;
+beside it the memory-read floor: the time to read the ``(B, M, C)`` members once (``sum``).
+Writes the section "Served decision" of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.utils import benchmark
+
+from benchmarks.report import write_section
+from models.serving import decide
+
+
+def _us_per_sample(fn, x: torch.Tensor) -> float:  # noqa: ANN001
+    t = benchmark.Timer("fn(x)", globals={"fn": fn, "x": x}).blocked_autorange(min_run_time=1.0)
+    return t.median * 1e6 / x.shape[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.decision")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    dev = torch.device(args.device)
+    rows = ["| B | M | C | read floor µs/sample | decide eager | decide compiled | eager / floor |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    compiled = torch.compile(decide, dynamic=False) if args.compile else None
+    for b in (128, 4096):
+        m, c = 100, 1000
+        g = torch.Generator(device=dev).manual_seed(0)
+        x = torch.softmax(3 * torch.randn(b, m, c, generator=g, device=dev), dim=-1)
+        floor = _us_per_sample(lambda t: t.sum(), x)
+        eager = _us_per_sample(lambda t: decide(t, 1.0, 5), x)
+        comp = _us_per_sample(lambda t: compiled(t, 1.0, 5), x) if compiled else float("nan")
+        rows.append(f"| {b} | {m} | {c} | {floor:.3f} | {eager:.3f} | {comp:.3f} | "
+                    f"{eager / floor:.1f}× |")  # fmt: skip
+        print(rows[-1], flush=True)
+    if not args.no_write:
+        write_section(
+            f"Served decision ({dev.type})",
+            f"python -m benchmarks.decision --device {args.device}"
+            + (" --compile" if args.compile else ""),
+            "\n".join(rows),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

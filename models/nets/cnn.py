@@ -1,0 +1,61 @@
+"""A small VGG-style CNN for 28x28 digits: the backbone of the shipped default model.
+
+Two blocks of two 3x3 convolutions with BatchNorm and ReLU, each followed by 2x2 max pooling
+(32 and 64 channels: 28 -> 14 -> 7), then a 64·7·7 -> 128 fully connected layer with BatchNorm,
+ReLU and dropout. The per-member head is a single linear layer 128 -> C (``HeadSpec(())``), so a
+last-layer ensemble of M heads costs M·128·C multiply-adds on top of the shared trunk.
+
+Not from the paper (whose MNIST model is LeNet-5, SI S3.1, kept as a zoo entry): chosen because
+the LeNet-5 trunk's 16-dim bottleneck caps accuracy on the 5,600 bundled training digits at
+≈0.96, while this trunk reaches ≥0.99 on the same data in a few CPU minutes.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from .registry import Backbone, HeadSpec, register_backbone
+
+
+def _block(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(cout, cout, 3, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+    )
+
+
+class CNN4(Backbone):
+    """``(B, Cin, 28, 28) -> (B, hidden)`` features."""
+
+    def __init__(
+        self, in_channels: int = 1, width: int = 32, hidden: int = 128, dropout: float = 0.2
+    ) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            _block(in_channels, width),
+            _block(width, 2 * width),
+            nn.AdaptiveAvgPool2d(7),  # 7x7 for 28x28 inputs; other sizes pool to the same grid
+            nn.Flatten(),
+        )
+        self.fc = nn.Sequential(
+            nn.Linear(2 * width * 49, hidden, bias=False),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+        )
+        self.out_features = hidden
+        self.head = HeadSpec(hidden=(), activation="relu", dropout=0.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(self.features(x))
+
+
+@register_backbone("cnn4")
+def cnn4(in_channels: int = 1, width: int = 32, hidden: int = 128, dropout: float = 0.2) -> CNN4:
+    """The 4-convolution BatchNorm CNN (see the module docstring)."""
+    return CNN4(in_channels=in_channels, width=width, hidden=hidden, dropout=dropout)

@@ -1,0 +1,85 @@
+"""Uncertainty of served traffic, in the engine: histograms, predicted-class mix, and drift.
+
+The engine sees every answer of every front end, so it is where a sliding window of recent
+traffic lives. Per answered image it observes ``vge_prediction_vgmu``/``_eu``/``_tu`` and counts
+``vge_prediction_class_total``; at most once per second it compares the window (the last
+``window`` images) with the model card's validation-split reference using
+:func:`models.evaluation.drift.psi` and exports ``vge_uncertainty_drift{score}``, next to
+``vge_abstain_ratio_window`` and the card's ``vge_calibrated_deferral``. A card without a
+reference (older models) exports no drift gauge.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from models.evaluation.drift import DRIFT_SCORES, bin_fractions, psi
+from models.serving import ScoreColumns
+from service.metrics import Metrics
+
+#: Images in the sliding window; with fewer, drift is not exported yet (too noisy to alert on).
+WINDOW = 2000
+MIN_SAMPLES = 200
+UPDATE_EVERY_S = 1.0
+
+
+class UncertaintyMonitor:
+    """Per served model: observe answers, keep the window, export drift."""
+
+    def __init__(self, model: str, card: Any, metrics: Metrics, window: int = WINDOW) -> None:
+        self.model = model
+        self.metrics = metrics
+        self.class_names = [str(c) for c in card.class_names]
+        ref = getattr(card, "uncertainty_reference", None) or {}
+        self.reference = {k: np.asarray(v) for k, v in (ref.get("fractions") or {}).items()}
+        deferral = ref.get("deferral")
+        if deferral is None:
+            deferral = (getattr(card, "abstain_calibration", None) or {}).get("achieved_deferral")
+        if deferral is not None:
+            metrics.calibrated_deferral.labels(model=model).set(float(deferral))
+        self._values = np.zeros((window, 3))  # columns: vgmu, eu, abstain
+        self._n = 0
+        self._next = 0
+        self._last = 0.0
+        for name in self.class_names:  # every class exported from the start (at 0)
+            metrics.prediction_class.labels(model=model, label=name)
+        for h in (metrics.prediction_vgmu, metrics.prediction_eu, metrics.prediction_tu):
+            h.labels(model=model)
+
+    def observe(self, columns: ScoreColumns) -> None:
+        """Record one request's answers; refresh the window gauges at most once per second."""
+        m, model = self.metrics, self.model
+        vgmu, eu, tu = columns.column("vgmu"), columns.column("eu"), columns.column("tu")
+        abstain = columns.column("abstain")
+        hv, he, ht = (h.labels(model=model) for h in (m.prediction_vgmu, m.prediction_eu,
+                                                       m.prediction_tu))  # fmt: skip
+        for a, b, c in zip(vgmu.tolist(), eu.tolist(), tu.tolist(), strict=True):
+            hv.observe(a)
+            he.observe(b)
+            ht.observe(c)
+        for label, count in zip(*np.unique(columns.column("prediction"), return_counts=True),
+                                strict=True):  # fmt: skip
+            m.prediction_class.labels(model=model, label=self.class_names[int(label)]).inc(
+                int(count)
+            )
+        rows = np.stack((vgmu, eu, abstain.astype(np.float64)), axis=1)
+        w = len(self._values)
+        for row in rows[-w:]:
+            self._values[self._next] = row
+            self._next = (self._next + 1) % w
+        self._n = min(self._n + len(rows), w)
+        now = time.monotonic()
+        if now - self._last >= UPDATE_EVERY_S and self._n >= MIN_SAMPLES:
+            self._last = now
+            self.refresh()
+
+    def refresh(self) -> None:
+        window = self._values[: self._n]
+        self.metrics.abstain_ratio_window.labels(model=self.model).set(float(window[:, 2].mean()))
+        for i, score in enumerate(DRIFT_SCORES):
+            if score in self.reference:
+                value = psi(self.reference[score], bin_fractions(window[:, i]))
+                self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(value)
