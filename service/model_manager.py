@@ -99,6 +99,20 @@ def default_model_dir() -> Path:
     return Path(zoo_default())
 
 
+def resolve_model_dir(model_dir: Path | None) -> Path:
+    """``model_dir`` as given; a bare name of a shipped model when no such directory exists; the
+    shipped default when unset."""
+    if model_dir is None:
+        return default_model_dir()
+    if not model_dir.exists() and len(model_dir.parts) == 1:
+        from models.zoo import zoo_model_dir
+
+        shipped = zoo_model_dir(str(model_dir))
+        if shipped is not None:
+            return shipped
+    return model_dir
+
+
 def _describe(predictor: Any, generation: int, device: str) -> ModelInfo:
     card = predictor.card
     calibrated = {m: card.abstain_k_for(m) for m in ("p", "q")}
@@ -199,8 +213,9 @@ class ModelManager:
             return loaded
 
     async def load_initial(self) -> LoadedModel:
-        """Load the configured model (``model_dir`` setting, else the shipped default)."""
-        return await self.load(self.settings.model_dir or default_model_dir())
+        """Load the configured model (``model_dir``: a directory or a zoo model's name; else the
+        shipped default)."""
+        return await self.load(resolve_model_dir(self.settings.model_dir))
 
     async def reload(self) -> LoadedModel:
         """Load the served model's directory again (e.g. after its files changed)."""
@@ -217,9 +232,17 @@ class ModelManager:
             )
         root = self.settings.models_root.resolve()
         path = (root / name).resolve()
-        if path.parent != root or not path.is_dir():
-            raise NotFound(f"no model {name!r} under models_root ({root})")
-        return path
+        if path.parent == root and path.is_dir():
+            return path
+        from models.zoo import zoo_model_dir, zoo_models
+
+        shipped = zoo_model_dir(name)
+        if shipped is not None:  # the shipped models can always be promoted back (by name)
+            return shipped
+        raise NotFound(
+            f"no model {name!r} under models_root ({root}) or among the shipped models "
+            f"({', '.join(zoo_models())})"
+        )
 
     async def promote(self, name: str) -> LoadedModel:
         """Load ``models_root/name`` and serve it."""

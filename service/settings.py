@@ -133,10 +133,16 @@ class Settings(BaseSettings):
     @field_validator("model_dir")
     @classmethod
     def _check_model_dir(cls, v: Path | None) -> Path | None:
+        """A model directory, or the bare name of a shipped model (e.g. lenet5-lle-vgn-mnist)."""
         if v is not None and not v.is_dir():
+            from models.zoo import zoo_model_dir, zoo_models
+
+            if len(v.parts) == 1 and zoo_model_dir(str(v)) is not None:
+                return zoo_model_dir(str(v))
             raise ValueError(
-                f"model_dir {str(v)!r} is not a directory; point VGE_MODEL_DIR / --model-dir at a "
-                "model directory (card JSON + safetensors) or leave it unset for the default model"
+                f"model_dir {str(v)!r} is not a directory nor a shipped model "
+                f"({', '.join(zoo_models())}); point VGE_MODEL_DIR / --model-dir at a model "
+                "directory (card JSON + safetensors) or leave it unset for the default model"
             )
         return v
 

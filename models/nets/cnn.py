@@ -33,7 +33,14 @@ class CNN4(Backbone):
     """``(B, Cin, 28, 28) -> (B, hidden)`` features."""
 
     def __init__(
-        self, in_channels: int = 1, width: int = 32, hidden: int = 128, dropout: float = 0.2
+        self,
+        in_channels: int = 1,
+        width: int = 32,
+        hidden: int = 128,
+        dropout: float = 0.2,
+        fc_activation: str = "relu",
+        head_hidden: int = 0,
+        head_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         self.features = nn.Sequential(
@@ -45,17 +52,30 @@ class CNN4(Backbone):
         self.fc = nn.Sequential(
             nn.Linear(2 * width * 49, hidden, bias=False),
             nn.BatchNorm1d(hidden),
-            nn.ReLU(inplace=True),
+            nn.Tanh() if fc_activation == "tanh" else nn.ReLU(inplace=True),
             nn.Dropout(dropout),
         )
         self.out_features = hidden
-        self.head = HeadSpec(hidden=(), activation="relu", dropout=0.0)
+        # head_hidden > 0: each member gets its own hidden layer (hidden -> head_hidden -> C, Tanh,
+        # dropout), like LeNet-5's 120 -> 84 -> C heads: independent nonlinear heads disagree more
+        # away from the data than linear heads on shared features.
+        self.head = HeadSpec(
+            hidden=(head_hidden,) if head_hidden else (), activation="tanh", dropout=head_dropout
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(self.features(x))
 
 
 @register_backbone("cnn4")
-def cnn4(in_channels: int = 1, width: int = 32, hidden: int = 128, dropout: float = 0.2) -> CNN4:
+def cnn4(
+    in_channels: int = 1,
+    width: int = 32,
+    hidden: int = 128,
+    dropout: float = 0.2,
+    fc_activation: str = "relu",
+    head_hidden: int = 0,
+    head_dropout: float = 0.0,
+) -> CNN4:
     """The 4-convolution BatchNorm CNN (see the module docstring)."""
-    return CNN4(in_channels=in_channels, width=width, hidden=hidden, dropout=dropout)
+    return CNN4(in_channels, width, hidden, dropout, fc_activation, head_hidden, head_dropout)

@@ -1,12 +1,15 @@
 """Shipped models. ``default_model_dir()`` is the embedded default the service starts with:
-LeNet-5 LLE-VGN, M = 10 heads, trained on the bundled MNIST split (see its README.md)."""
+``cnn4-lle-vgn-mnist`` (a small BatchNorm CNN, LLE-VGN with M = 10 heads). The paper's LeNet-5
+LLE-VGN (SI S3.1) ships beside it as ``lenet5-lle-vgn-mnist``; serve it by name
+(``vge serve --model-dir lenet5-lle-vgn-mnist``) or promote it by name. See each model's README.md.
+"""
 
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
 
-DEFAULT_MODEL = "lenet5-lle-vgn-mnist"
+DEFAULT_MODEL = "cnn4-lle-vgn-mnist"
 
 
 def zoo_dir() -> Path:
@@ -17,3 +20,13 @@ def zoo_dir() -> Path:
 def default_model_dir() -> Path:
     """Directory of the shipped default model (``model.safetensors`` + ``model_card.json``)."""
     return zoo_dir() / DEFAULT_MODEL
+
+
+def zoo_models() -> list[str]:
+    """Names of the shipped models (directories with a model card)."""
+    return sorted(p.name for p in zoo_dir().iterdir() if (p / "model_card.json").is_file())
+
+
+def zoo_model_dir(name: str) -> Path | None:
+    """The shipped model ``name``'s directory, or None when there is no such zoo entry."""
+    return zoo_dir() / name if name in zoo_models() else None

@@ -209,7 +209,9 @@ def test_alert_rules_check_and_unit_tests():
     rules = PROMETHEUS_CONFIG.parent / "alerts.yml"
     res = run_tool([find_tool("promtool"), "check", "rules", str(rules)])
     assert res.returncode == 0 and "SUCCESS: 7 rules found" in res.stdout, res.stdout + res.stderr
-    res = run_tool([find_tool("promtool"), "test", "rules", str(rules.with_name("alerts_test.yml"))])
+    res = run_tool(
+        [find_tool("promtool"), "test", "rules", str(rules.with_name("alerts_test.yml"))]
+    )
     assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
     text = rules.read_text()
     for name in ("VgeHighLatencyP99", "VgeServerErrors", "VgeQueueFull", "VgeEngineNotReady",

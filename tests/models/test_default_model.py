@@ -24,7 +24,7 @@ def test_default_model_card_and_files():
     d = default_model_dir()
     card = json.loads((d / "model_card.json").read_text())
     assert (card["backbone"], card["ensemble"], card["members"], card["vgn"]) == (
-        "lenet5",
+        "cnn4",
         "lle",
         10,
         True,
@@ -32,7 +32,7 @@ def test_default_model_card_and_files():
     assert len(card["learned_k"]) == 10 and all(k > 0 for k in card["learned_k"])
     assert card["data_fingerprint"] == load_dataset("mnist-bundled").fingerprint
     assert card["abstain_calibration"]["abstain_k"] > 0
-    assert (d / "model.safetensors").stat().st_size < 1_000_000  # small package data
+    assert (d / "model.safetensors").stat().st_size < 3_000_000  # small package data
     assert (d / "README.md").is_file()
 
 
@@ -44,13 +44,31 @@ def test_default_model_reproduces_recorded_test_accuracy_and_is_deterministic():
     correct = int((q.mean(1).argmax(1) == y).sum())
     recorded = pred.card.metrics["test_accuracy"]
     assert correct == round(recorded * len(y))  # exactly the card's number
-    # Honest floor: the exact SI S3.1 LeNet-5 (16-dim pooled features) trained on the 5,600-image
-    # bundled split with training-time augmentation reaches 0.959 (0.957-0.962 over seeds 0-2),
-    # below the paper's 0.973 on full MNIST (60k images); see README.md.
-    assert recorded >= 0.955
+    assert recorded >= 0.99  # the issue's target for the shipped default
     again = pred.forward(x[:512])
     assert torch.equal(again.p, outs[0].p) and torch.equal(again.q, outs[0].q)
     rows1 = pred.score(outs[0])
     rows2 = pred.score(again)
     assert rows1 == rows2
     assert rows1[0]["abstain_k"] == pred.card.abstain_calibration["abstain_k"]
+
+
+def test_shipped_default_meets_its_targets_on_the_test_split():
+    """Accepted answers ≥ 0.998 correct at ≤ 5 % deferral with the calibrated k; ECE ≤ 0.01 —
+    under the served rule (VGMU on q̄), as the card reports them."""
+    card = json.loads((default_model_dir() / "model_card.json").read_text())
+    ev = card["metrics"]["evaluation"]
+    assert ev["predictive"] == "q" and card["abstain_calibration"]["members"] == "q"
+    assert ev["abstention"]["abstain_k"] == card["abstain_calibration"]["abstain_k"]
+    assert ev["abstention"]["deferral"] <= 0.05
+    assert 1 - ev["abstention"]["accepted_risk"] >= 0.998
+    assert ev["classification"]["ece"] <= 0.01
+    assert card["uncertainty_reference"]["fractions"].keys() == {"vgmu", "eu"}
+
+
+def test_paper_lenet5_is_a_second_zoo_entry():
+    from models.zoo import zoo_model_dir, zoo_models
+
+    assert {"cnn4-lle-vgn-mnist", "lenet5-lle-vgn-mnist"} <= set(zoo_models())
+    pred = Predictor.from_dir(zoo_model_dir("lenet5-lle-vgn-mnist"), device="cpu")
+    assert pred.card.backbone == "lenet5" and pred.card.metrics["test_accuracy"] >= 0.955
