@@ -48,6 +48,10 @@ class UncertaintyMonitor:
             metrics.prediction_class.labels(model=model, label=name)
         for h in (metrics.prediction_vgmu, metrics.prediction_eu, metrics.prediction_tu):
             h.labels(model=model)
+        # 0 until the window holds MIN_SAMPLES images: exported from the start, never alerting.
+        metrics.abstain_ratio_window.labels(model=model).set(0.0)
+        for score in self.reference:
+            metrics.uncertainty_drift.labels(model=model, score=score).set(0.0)
 
     def observe(self, columns: ScoreColumns) -> None:
         """Record one request's answers; refresh the window gauges at most once per second."""

@@ -44,6 +44,13 @@ CONTRACT_METRICS = {
     "vge_model_load_seconds": "histogram",
     "vge_training_jobs": "gauge",
     "vge_device_memory_bytes": "gauge",
+    "vge_prediction_vgmu": "histogram",
+    "vge_prediction_eu": "histogram",
+    "vge_prediction_tu": "histogram",
+    "vge_prediction_class_total": "counter",
+    "vge_uncertainty_drift": "gauge",
+    "vge_abstain_ratio_window": "gauge",
+    "vge_calibrated_deferral": "gauge",
 }
 
 
@@ -352,7 +359,8 @@ def test_dashboard_covers_the_issue_and_the_metric_contract():
     for word in (
         "request rate", "p50 / p95 / p99", "queue wait vs compute", "batch size distribution",
         "queue depth", "in-flight", "abstain rate", "rejections by reason",
-        "training jobs by state", "device memory",
+        "training jobs by state", "device memory", "vgmu of served images", "eu of served images",
+        "abstain rate vs calibrated deferral", "uncertainty drift", "predicted-class mix",
     ):  # fmt: skip
         assert word in titles, f"no panel for {word!r}"
 
