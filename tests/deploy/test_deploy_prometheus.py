@@ -13,6 +13,7 @@ Both servers are stopped by their own PID.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -179,6 +180,13 @@ def prometheus(tmp_path, vge_server) -> Iterator[str]:
         )
         job["static_configs"] = [{"targets": [target]}]
     assert any(j["job_name"] == "vge" for j in cfg["scrape_configs"])
+    with prometheus_server(tmp_path, cfg, port) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def prometheus_server(tmp_path: Path, cfg: dict, port: int) -> Iterator[str]:
+    """Run Debian's ``prometheus`` with ``cfg`` on ``127.0.0.1:port``; yields its base URL."""
     cfg_path = tmp_path / "prometheus.yml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     log = tmp_path / "prometheus.log"

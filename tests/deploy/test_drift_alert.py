@@ -8,7 +8,6 @@ only the alert's ``for:`` shortened to 1 s so the test is bounded in time.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +19,12 @@ import torch
 import yaml
 from torchvision.io import encode_png
 
-from tests.deploy.deploy_helpers import PROMETHEUS_CONFIG, REPO, find_tool, free_port
-from tests.deploy.test_deploy_prometheus import _query, _stop, _wait_http, vge_server  # noqa: F401
+from tests.deploy.deploy_helpers import PROMETHEUS_CONFIG, REPO, free_port
+from tests.deploy.test_deploy_prometheus import (  # noqa: F401 - vge_server is a fixture
+    _query,
+    prometheus_server,
+    vge_server,
+)
 
 
 @pytest.fixture
@@ -42,21 +45,8 @@ def prometheus_with_rules(tmp_path: Path, vge_server: str) -> Iterator[str]:  # 
                 rule["for"] = "1s"
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump(rules))
     cfg["rule_files"] = [str(tmp_path / "alerts.yml")]
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-    log = tmp_path / "prometheus.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [find_tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
-             "--log.level=warn"],
-            cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(f"{base}/-/ready", proc, log, timeout=30)
+    with prometheus_server(tmp_path, cfg, port) as base:
         yield base
-    finally:
-        _stop(proc)
 
 
 def _send(url: str, images: np.ndarray) -> None:
