@@ -7,7 +7,9 @@ Input: one image-batch tensor, batch dimension first —
 * ``input``, ``FP32`` ``[B, Cin, H', W']``: already-prepared model input (the shape in the model
   metadata).
 
-Data as a JSON list or with the binary tensor extension (``Inference-Header-Content-Length``).
+Data as a JSON list or with the binary tensor extension (``Inference-Header-Content-Length``), in
+both directions: outputs requested with ``"parameters": {"binary_data": true}`` (or the request
+parameter ``binary_data_output``) come back as raw little-endian tensors after the JSON header.
 Request ``parameters``: ``abstain_k``, ``vgmu_on`` (``p``/``q``; default: the model's answer set),
 ``timeout_s``.
 Outputs: ``probabilities`` FP32 [B, C], ``prediction`` INT64 [B], ``vgmu``, ``snr``, ``tu``,
@@ -16,13 +18,14 @@ Outputs: ``probabilities`` FP32 [B, C], ``prediction`` INT64 [B], ``vgmu``, ``sn
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import numpy as np
 import torch
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from models.serving import ScoreColumns
 from service.decode import conform_one
@@ -242,22 +245,65 @@ def _to_model_input(arr: np.ndarray, dtype: str, model: ModelInfo, state: State)
     )
 
 
-def _outputs(columns: ScoreColumns, n_classes: int) -> dict[str, tuple[list[Any], list[int]]]:
+_NUMPY: dict[str, np.dtype[Any]] = {
+    "FP32": np.dtype("<f4"),
+    "INT64": np.dtype("<i8"),
+    "BOOL": np.dtype(np.bool_),
+}
+
+
+def _outputs(columns: ScoreColumns, n_classes: int) -> dict[str, np.ndarray]:
     """V2 output tensors from the packed columns (top-k over all classes, scattered back)."""
     b = len(columns)
     probs = np.zeros((b, n_classes), dtype=np.float64)
     np.put_along_axis(probs, columns.top_indices, columns.top_probabilities, axis=1)
-    out: dict[str, tuple[list[Any], list[int]]] = {
-        "probabilities": (probs.reshape(-1).tolist(), [b, n_classes]),
-        "prediction": (columns.column("prediction").tolist(), [b]),
-        "abstain": (columns.column("abstain").tolist(), [b]),
+    out: dict[str, np.ndarray] = {
+        "probabilities": probs,
+        "prediction": columns.column("prediction"),
+        "abstain": columns.column("abstain"),
     }
     for key in ("vgmu", "snr", "tu", "au", "eu"):
-        out[key] = (columns.column(key).tolist(), [b])
-    return out
+        out[key] = columns.column(key)
+    return {k: v.astype(_NUMPY[OUTPUTS[k]]) for k, v in out.items()}
 
 
-async def _infer(model: ModelInfo, request: Request, state: State) -> dict[str, Any]:
+def _binary_wanted(body: dict[str, Any], wanted: list[dict[str, Any]] | None) -> dict[str, bool]:
+    """Per output: send it with the binary tensor extension (request- or output-level flag)."""
+    default = bool((body.get("parameters") or {}).get("binary_data_output", False))
+    flags = {name: default for name in OUTPUTS}
+    for o in wanted or []:
+        params = o.get("parameters") or {}
+        if "binary_data" in params:
+            flags[o["name"]] = bool(params["binary_data"])
+    return flags
+
+
+def _encode(response: dict[str, Any], tensors: dict[str, np.ndarray], binary: dict[str, bool],
+            names: list[str]) -> Response:  # fmt: skip
+    """JSON, or the binary tensor extension: JSON header + raw little-endian tensors in order."""
+    chunks: list[bytes] = []
+    outputs = []
+    for n in names:
+        t = tensors[n]
+        entry: dict[str, Any] = {"name": n, "datatype": OUTPUTS[n], "shape": list(t.shape)}
+        if binary[n]:
+            raw = np.ascontiguousarray(t).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = t.reshape(-1).tolist()
+        outputs.append(entry)
+    head = json.dumps({**response, "outputs": outputs}, separators=(",", ":")).encode()
+    if not chunks:
+        return Response(head, media_type="application/json")
+    return Response(
+        head + b"".join(chunks),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(head))},
+    )
+
+
+async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
     body, binary = await _parse_body(request)
     wanted = body.get("outputs")
     names = list(OUTPUTS)
@@ -275,28 +321,19 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> dict[str, 
     x = _to_model_input(arr, body["inputs"][0]["datatype"], model, state)
     columns = await predict_tensor(state, model, x, options, timeout_s)
     tensors = _outputs(columns, n_classes)
-    response: dict[str, Any] = {
-        "model_name": model.name,
-        "model_version": model.version,
-        "outputs": [
-            {"name": n, "datatype": OUTPUTS[n], "shape": tensors[n][1], "data": tensors[n][0]}
-            for n in names
-        ],
-    }
+    response: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if "id" in body:
         response["id"] = body["id"]
-    return response
+    return _encode(response, tensors, _binary_wanted(body, wanted), names)
 
 
-@router.post("/models/{name}/infer")
-async def model_infer(name: str, request: Request, state: State) -> dict[str, Any]:
+@router.post("/models/{name}/infer", response_class=Response)
+async def model_infer(name: str, request: Request, state: State) -> Response:
     """Inference on an image batch."""
     return await _infer(state.model(name), request, state)
 
 
-@router.post("/models/{name}/versions/{version}/infer")
-async def model_version_infer(
-    name: str, version: str, request: Request, state: State
-) -> dict[str, Any]:
+@router.post("/models/{name}/versions/{version}/infer", response_class=Response)
+async def model_version_infer(name: str, version: str, request: Request, state: State) -> Response:
     """Inference on an explicit model version."""
     return await _infer(_versioned(state, name, version), request, state)

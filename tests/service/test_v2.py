@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
@@ -106,3 +108,33 @@ def test_v2_errors(server: Server) -> None:
         assert words in r.json()["error"]
     r = httpx.post(url, content=b"{", timeout=10)
     assert r.status_code == 400 and "JSON" in r.json()["error"]
+
+
+def test_v2_binary_outputs_on_the_wire(server: Server, mnist) -> None:
+    """Outputs asked for with ``binary_data`` come back as raw tensors after the JSON header
+    (``Inference-Header-Content-Length``), equal to the JSON answer."""
+    images = mnist[0][-3:][:, None].copy()
+    inp = {"name": "images", "shape": list(images.shape), "datatype": "UINT8",
+           "data": images.reshape(-1).tolist()}  # fmt: skip
+    json_body = {"inputs": [inp]}
+    binary_body = {
+        "inputs": [inp],
+        "outputs": [{"name": "probabilities", "parameters": {"binary_data": True}},
+                    {"name": "abstain", "parameters": {"binary_data": True}},
+                    {"name": "prediction"}],
+    }  # fmt: skip
+    url = server.url + "/v2/models/tiny/infer"
+    plain = httpx.post(url, json=json_body, timeout=30).json()
+    r = httpx.post(url, json=binary_body, timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    n = int(r.headers["inference-header-content-length"])
+    head = json.loads(r.content[:n])
+    outs = {o["name"]: o for o in head["outputs"]}
+    assert [o["name"] for o in head["outputs"]] == ["probabilities", "abstain", "prediction"]
+    size_p = outs["probabilities"]["parameters"]["binary_data_size"]
+    assert size_p == 3 * 10 * 4 and outs["abstain"]["parameters"]["binary_data_size"] == 3
+    probs = np.frombuffer(r.content[n : n + size_p], dtype="<f4").reshape(3, 10)
+    abstain = np.frombuffer(r.content[n + size_p :], dtype=np.bool_)
+    want = {o["name"]: o["data"] for o in plain["outputs"]}
+    np.testing.assert_allclose(probs.reshape(-1), want["probabilities"], rtol=1e-6)
+    assert abstain.tolist() == want["abstain"] and outs["prediction"]["data"] == want["prediction"]
