@@ -26,7 +26,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "loading or draining"}})
+@router.get("/readyz", responses={503: {"description": "loading or draining"}})  # same body
 async def readyz(state: State) -> JSONResponse:
     """Readiness: 200 with the engine up and a model loaded; 503 while loading or draining."""
     ready, status = is_ready(state)

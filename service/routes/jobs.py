@@ -13,8 +13,13 @@ from fastapi.responses import PlainTextResponse
 
 from service.auth import ApiKey
 from service.deps import State
+from service.routes.schemas import error_responses
 
-router = APIRouter(prefix="/v1/training-jobs", tags=["training"])
+router = APIRouter(
+    prefix="/v1/training-jobs",
+    tags=["training"],
+    responses=error_responses(400, 401, 403, 404, 409, 422, 503),
+)
 
 
 @router.post("", status_code=202)

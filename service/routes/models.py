@@ -13,17 +13,29 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.auth import ApiKey
 from service.deps import State
+from service.routes.schemas import error_responses
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(
+    prefix="/v1/models", tags=["models"], responses=error_responses(400, 401, 403, 404, 422, 503)
+)
 
 
 class PromoteRequest(BaseModel):
     """Serve a model from ``models_root`` by directory name, or a finished training job's model."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Exactly one of the two, each a non-empty string: the schema says so (oneOf), not only the
+    # validator, so clients and contract tests see the same rule the server applies.
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"oneOf": [{"required": ["model"]}, {"required": ["job_id"]}]},
+    )
 
-    model: str | None = Field(None, description="Directory name under models_root.")
-    job_id: str | None = Field(None, description="A succeeded training job.")
+    model: str = Field(  # type: ignore[assignment]
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="A model under models_root, or a shipped model's name.",
+    )
+    job_id: str = Field(None, min_length=1, description="A succeeded training job.")  # type: ignore[assignment]
 
     @model_validator(mode="after")
     def _one(self) -> PromoteRequest:
@@ -37,12 +49,6 @@ async def list_models(state: State) -> dict[str, Any]:
     """The served model: name, version, classes, ensemble kind, M, device, abstain_k, metrics."""
     current = state.engine.model
     return {"models": [current.description] if current else []}
-
-
-@router.get("/{name}")
-async def get_model(name: str, state: State) -> dict[str, Any]:
-    """One model by name (404 when it is not served)."""
-    return state.model(name).description
 
 
 @router.post("/reload")
@@ -59,3 +65,9 @@ async def promote_model(body: PromoteRequest, _: ApiKey, state: State) -> dict[s
     else:
         described = await state.engine.call("models.promote", name=body.model)
     return {"status": "promoted", "model": described}
+
+
+@router.get("/{name}")
+async def get_model(name: str, state: State) -> dict[str, Any]:
+    """One model by name (404 when it is not served)."""
+    return state.model(name).description

@@ -21,9 +21,12 @@ from service.routes.schemas import (
     PredictResponse,
     ScoreRequest,
     ScoreResponse,
+    error_responses,
 )
 
-router = APIRouter(prefix="/v1", tags=["predict"])
+router = APIRouter(
+    prefix="/v1", tags=["predict"], responses=error_responses(400, 413, 422, 503, 504)
+)
 
 _BODY_DOC = {
     "requestBody": {
@@ -31,8 +34,13 @@ _BODY_DOC = {
             "multipart/form-data": {
                 "schema": {
                     "type": "object",
+                    "required": ["images"],
                     "properties": {
-                        "images": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                        "images": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "format": "binary"},
+                        }
                     },
                 }
             },

@@ -14,7 +14,9 @@ AbstainK = Annotated[
 ]
 TopK = Annotated[int, Field(ge=1, le=1000, description="Probabilities returned per image.")]
 VgmuOn = Literal["p", "q"]
-TimeoutS = Annotated[float, Field(gt=0.0, le=3600.0, description="Per-request deadline (s).")]
+TimeoutS = Annotated[
+    float, Field(ge=0.05, le=3600.0, description="Per-request deadline (s), at least 50 ms.")
+]
 
 
 class PredictOptions(BaseModel):
@@ -35,7 +37,32 @@ class PredictOptions(BaseModel):
 class PredictJSON(PredictOptions):
     """JSON body of /v1/predict."""
 
-    images: list[str] = Field(description="Base64-encoded images (or data: URLs).")
+    images: list[str] = Field(min_length=1, description="Base64-encoded images (or data: URLs).")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: what is wrong, and a stable machine code."""
+
+    error: str = Field(description="What is wrong and how to fix it.")
+    code: str = Field(description="bad_input, invalid_value, payload_too_large, not_found, ...")
+
+
+_ERROR_TEXT = {
+    400: "Malformed request (not an image, corrupt data, invalid JSON).",
+    401: "Missing API key.",
+    403: "Wrong API key, or the endpoint is disabled (no key configured).",
+    404: "Unknown model, version or job.",
+    409: "The job is not in a state that allows this.",
+    413: "Payload, image or image count over a configured limit.",
+    422: "A value out of range or of the wrong type.",
+    503: "Queue full, engine (re)starting or server draining; see Retry-After.",
+    504: "The request's deadline passed while it was queued; it was not computed.",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, object]]:
+    """OpenAPI ``responses`` for these status codes, all with :class:`ErrorBody`."""
+    return {c: {"model": ErrorBody, "description": _ERROR_TEXT[c]} for c in codes}
 
 
 class LabelProbability(BaseModel):
@@ -69,7 +96,10 @@ class ScoreRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    probs: list[list[list[float]]] = Field(description="B×M×C member probabilities.")
+    probs: Annotated[
+        list[Annotated[list[Annotated[list[float], Field(min_length=2)]], Field(min_length=2)]],
+        Field(min_length=1, description="B×M×C member probabilities (B >= 1, M >= 2, C >= 2)."),
+    ]
     gate_k: Annotated[float, Field(ge=0.0, le=ABSTAIN_K_MAX)] | None = None
     abstain_k: AbstainK = 1.0
     vgmu_on: VgmuOn | None = Field(

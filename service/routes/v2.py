@@ -35,9 +35,12 @@ from service.inference import predict_tensor, resolve_options
 from service.model_manager import ModelInfo
 from service.routes.health import is_ready
 from service.routes.predict import parse_json
+from service.routes.schemas import error_responses
 from service.settings import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
-router = APIRouter(prefix="/v2", tags=["v2"])
+router = APIRouter(
+    prefix="/v2", tags=["v2"], responses=error_responses(400, 404, 413, 422, 503, 504)
+)
 
 OUTPUTS: dict[str, str] = {
     "probabilities": "FP32",
@@ -213,8 +216,10 @@ def _parameters(body: dict[str, Any]) -> tuple[float | None, str | None, float |
     if vgmu_on not in (None, "p", "q"):
         raise InvalidValue("vgmu_on must be 'p' or 'q'")
     timeout = params.get("timeout_s")
-    if timeout is not None and (not isinstance(timeout, int | float) or not 0 < timeout <= 3600):
-        raise InvalidValue("timeout_s must be a number in (0, 3600]")
+    if timeout is not None and (
+        not isinstance(timeout, int | float) or not 0.05 <= timeout <= 3600
+    ):
+        raise InvalidValue("timeout_s must be a number in [0.05, 3600] (seconds)")
     return k, vgmu_on, timeout
 
 
