@@ -90,6 +90,11 @@ class Engine:
         memory = loop.create_task(self._watch_device_memory())
         await stop.wait()
 
+        # A SIGTERM sent to the whole process group (e.g. coreutils `timeout`) reaches the engine
+        # while the front ends still drain: keep serving them until they have disconnected.
+        deadline = loop.time() + self.settings.drain_s + self.settings.shutdown_grace_s
+        while self._clients and loop.time() < deadline:
+            await asyncio.sleep(0.05)
         log.info("engine: SIGTERM, computing what is queued")
         self.metrics.engine_ready.set(0)
         memory.cancel()

@@ -27,7 +27,7 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
                400, "image 0")  # fmt: skip
         _error(c.post("/v1/predict", json={"images": ["%%%"]}), 400, "base64")
         _error(c.post("/v1/predict", json={"images": []}), 422, "at least 1 item")
-        empty = b"--b\r\nContent-Disposition: form-data; name=\"top_k\"\r\n\r\n2\r\n--b--\r\n"
+        empty = b'--b\r\nContent-Disposition: form-data; name="top_k"\r\n\r\n2\r\n--b--\r\n'
         _error(c.post("/v1/predict", content=empty,
                       headers={"content-type": "multipart/form-data; boundary=b"}),
                400, "no images")  # fmt: skip
