@@ -36,6 +36,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     state.engine.start()
     _warm_up_decoding()
+    grpc_server = None
+    if state.settings.grpc_port:
+        from service.grpc_v2 import start_grpc
+
+        grpc_server = await start_grpc(state)
     # Move everything allocated at start-up (torch, the app) out of the cyclic GC's reach, so
     # full collections under load stay short instead of pausing every request.
     gc.collect()
@@ -44,6 +49,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         state.draining = True
+        if grpc_server is not None:
+            await grpc_server.stop(grace=state.settings.shutdown_grace_s)
         await state.engine.close()
         state.decode_pool.shutdown(wait=False, cancel_futures=True)
 

@@ -34,6 +34,11 @@ class Settings(BaseSettings):
     # --- network -----------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Interface to bind (0.0.0.0 for all).")
     port: Annotated[int, Field(ge=0, le=65535, description="TCP port (0 picks a free one).")] = 8000
+    grpc_port: Annotated[int, Field(ge=0, le=65535)] = Field(
+        0,
+        description="Port of the KServe V2 gRPC service (every front end serves it); 0: off. "
+        "Needs pip install 'vge-serve[grpc]'.",
+    )
 
     # --- model -------------------------------------------------------------------------------
     model_dir: Path | None = Field(

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 _FLAGS: list[tuple[str, type, str]] = [
     ("host", str, "interface to bind (VGE_HOST; default 127.0.0.1)"),
     ("port", int, "TCP port (VGE_PORT; default 8000)"),
+    ("grpc_port", int, "KServe V2 gRPC port, 0 = off (VGE_GRPC_PORT; needs vge-serve[grpc])"),
     ("model_dir", Path, "model directory to serve (VGE_MODEL_DIR; default: shipped model)"),
     ("models_root", Path, "where trained models land / promote looks (VGE_MODELS_ROOT)"),
     ("device", str, "auto, cpu, cuda, cuda:N, mps (VGE_DEVICE; default auto)"),

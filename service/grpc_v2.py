@@ -1,0 +1,191 @@
+"""The Open Inference Protocol (KServe V2) over gRPC, for ``tritonclient.grpc`` and other stock clients.
+
+Enabled with ``VGE_GRPC_PORT`` (needs ``pip install 'vge-serve[grpc]'``: the protocol's generated
+stubs ship with ``tritonclient[grpc]``). Every front end serves it on the same port
+(``SO_REUSEPORT``: the kernel spreads connections, as for HTTP) and answers through the same path
+as ``POST /v2/models/{name}/infer``: the same input checks (``images`` UINT8 pixels or ``input``
+FP32), the same engine, the same outputs as raw little-endian tensors (``raw_output_contents``).
+Implemented: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer; the
+Triton-only RPCs (repository, shared memory, statistics, ...) answer UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from service import errors
+from service.deps import ServiceState
+from service.inference import predict_tensor, resolve_options
+from service.routes.health import is_ready
+from service.routes.v2 import (
+    _DTYPES,
+    INPUT_NAMES,
+    OUTPUTS,
+    _metadata,
+    _outputs,
+    _to_model_input,
+)
+
+_STATUS = {  # service error -> gRPC status code name
+    "BadInput": "INVALID_ARGUMENT",
+    "InvalidValue": "INVALID_ARGUMENT",
+    "PayloadTooLarge": "RESOURCE_EXHAUSTED",
+    "NotFound": "NOT_FOUND",
+    "QueueFull": "UNAVAILABLE",
+    "NotReady": "UNAVAILABLE",
+    "DeadlineExceeded": "DEADLINE_EXCEEDED",
+}
+
+
+def _param(p: Any) -> Any:
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def _input_array(request: Any, max_images: int) -> tuple[np.ndarray, str]:
+    """The request's one input tensor as a NumPy array, checked like the HTTP route's."""
+    if len(request.inputs) != 1:
+        raise errors.BadInput("inputs must hold exactly one tensor: the image batch")
+    spec = request.inputs[0]
+    dtype = spec.datatype
+    if dtype not in _DTYPES:
+        raise errors.BadInput(f"input datatype {dtype!r} is not supported; use UINT8 or FP32")
+    if spec.name and spec.name != INPUT_NAMES[dtype]:
+        raise errors.BadInput(
+            f"input {spec.name!r} with datatype {dtype}: send raw pixels as "
+            f"{INPUT_NAMES['UINT8']!r} (UINT8) or prepared input as {INPUT_NAMES['FP32']!r} (FP32)"
+        )
+    shape = [int(s) for s in spec.shape]
+    if len(shape) not in (3, 4) or not all(s > 0 for s in shape):
+        raise errors.BadInput(f"input shape {shape} is invalid; use [B, C, H, W] or [B, H, W]")
+    if shape[0] > max_images:
+        raise errors.PayloadTooLarge(
+            f"too many images: batch of {shape[0]}, the limit is {max_images} (VGE_MAX_IMAGES)"
+        )
+    count = math.prod(shape)
+    if request.raw_input_contents:
+        raw = request.raw_input_contents[0]
+        if len(raw) != count * _DTYPES[dtype].itemsize:
+            raise errors.BadInput(f"raw input of {len(raw)} bytes does not match {shape} {dtype}")
+        arr = np.frombuffer(raw, dtype=_DTYPES[dtype])
+    else:
+        values = spec.contents.uint_contents if dtype == "UINT8" else spec.contents.fp32_contents
+        if len(values) != count:
+            raise errors.BadInput(f"input has {len(values)} elements, shape {shape} needs {count}")
+        if dtype == "UINT8" and any(v > 255 for v in values):
+            raise errors.BadInput("UINT8 input data must be integers in [0, 255]")
+        arr = np.asarray(values, dtype=_DTYPES[dtype])
+    if dtype == "FP32" and not np.isfinite(arr).all():
+        raise errors.BadInput("FP32 input contains NaN or infinity")
+    return arr.reshape(shape), dtype
+
+
+def make_servicer(state: ServiceState) -> Any:
+    """A ``GRPCInferenceServiceServicer`` answering through ``state``'s engine connection."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    async def _abort(context: Any, exc: Exception) -> None:
+        name = type(exc).__name__
+        code = getattr(grpc.StatusCode, _STATUS.get(name, "INTERNAL"))
+        message = exc.message if isinstance(exc, errors.ServiceError) else "internal server error"
+        await context.abort(code, message)
+
+    class Servicer(pb_grpc.GRPCInferenceServiceServicer):
+        async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802
+            return pb.ServerLiveResponse(live=True)
+
+        async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+            return pb.ServerReadyResponse(ready=is_ready(state)[0])
+
+        async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+            from importlib.metadata import version
+
+            return pb.ServerMetadataResponse(
+                name="vge-serve", version=version("vge-serve"), extensions=["binary_tensor_data"]
+            )
+
+        async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+            try:
+                state.model(request.name)
+            except errors.ServiceError as exc:
+                await _abort(context, exc)
+            return pb.ModelReadyResponse(ready=is_ready(state)[0])
+
+        async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+            try:
+                meta = _metadata(state.model(request.name))
+            except errors.ServiceError as exc:
+                await _abort(context, exc)
+            tensor = pb.ModelMetadataResponse.TensorMetadata
+            return pb.ModelMetadataResponse(
+                name=meta["name"],
+                versions=meta["versions"],
+                platform=meta["platform"],
+                inputs=[
+                    tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                    for t in meta["inputs"]
+                ],  # fmt: skip
+                outputs=[
+                    tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                    for t in meta["outputs"]
+                ],  # fmt: skip
+            )
+
+        async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+            try:
+                model = state.model(request.model_name)
+                if request.model_version and request.model_version != model.version:
+                    raise errors.NotFound(
+                        f"model {model.name!r} has no version {request.model_version!r}"
+                    )
+                params = {k: _param(v) for k, v in request.parameters.items()}
+                vgmu_on = params.get("vgmu_on")
+                if vgmu_on not in (None, "p", "q"):
+                    raise errors.InvalidValue("vgmu_on must be 'p' or 'q'")
+                names = [o.name for o in request.outputs] or list(OUTPUTS)
+                unknown = [n for n in names if n not in OUTPUTS]
+                if unknown:
+                    raise errors.BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
+                n_classes = len(model.class_names)
+                options = resolve_options(
+                    state, model, abstain_k=params.get("abstain_k"), vgmu_on=vgmu_on,
+                    top_k=n_classes,
+                )  # fmt: skip
+                arr, dtype = _input_array(request, state.settings.max_images)
+                x = _to_model_input(arr, dtype, model, state)
+                columns = await predict_tensor(state, model, x, options, params.get("timeout_s"))
+            except Exception as exc:  # noqa: BLE001 - every failure is a gRPC status
+                await _abort(context, exc)
+            tensors = _outputs(columns, n_classes)
+            out = pb.ModelInferResponse(
+                model_name=model.name, model_version=model.version, id=request.id
+            )
+            for n in names:
+                t = tensors[n]
+                out.outputs.add(name=n, datatype=OUTPUTS[n], shape=list(t.shape))
+                out.raw_output_contents.append(np.ascontiguousarray(t).tobytes())
+            return out
+
+    return Servicer()
+
+
+async def start_grpc(state: ServiceState) -> Any:
+    """Start the gRPC server of this front end on ``VGE_GRPC_PORT`` (shared via SO_REUSEPORT)."""
+    try:
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc as pb_grpc
+    except ImportError as exc:
+        raise RuntimeError(
+            "VGE_GRPC_PORT is set but gRPC support is not installed: pip install 'vge-serve[grpc]'"
+        ) from exc
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(make_servicer(state), server)
+    settings = state.settings
+    server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    await server.start()
+    return server

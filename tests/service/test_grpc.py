@@ -1,0 +1,70 @@
+"""The KServe V2 gRPC service, with the stock ``tritonclient.grpc`` client, against a live server
+with two front ends sharing the gRPC port."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from tests.service.conftest import Server, free_port, start_server
+
+
+@pytest.fixture(scope="module")
+def grpc_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
+) -> Iterator[tuple[Server, int]]:
+    port = free_port()
+    srv = start_server(tmp_path_factory.mktemp("grpc"), tiny_model, workers=2, grpc_port=port)
+    yield srv, port
+    assert srv.stop() == 0, srv.log()
+
+
+def test_grpc_infer_equals_http_v2(grpc_server: tuple[Server, int], mnist) -> None:
+    srv, port = grpc_server
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("tiny")
+    meta = client.get_model_metadata("tiny")
+    assert meta.name == "tiny" and [i.name for i in meta.inputs] == ["images", "input"]
+    images = mnist[0][-5:][:, None].copy()  # (5, 1, 28, 28) uint8
+    inp = grpcclient.InferInput("images", list(images.shape), "UINT8")
+    inp.set_data_from_numpy(images)
+    outs = [
+        grpcclient.InferRequestedOutput(n)
+        for n in ("probabilities", "prediction", "vgmu", "abstain")
+    ]
+    result = client.infer("tiny", [inp], outputs=outs, parameters={"abstain_k": 0.8})
+    body = {
+        "inputs": [{"name": "images", "shape": list(images.shape), "datatype": "UINT8",
+                    "data": images.reshape(-1).tolist()}],
+        "parameters": {"abstain_k": 0.8},
+    }  # fmt: skip
+    want = {o["name"]: o["data"] for o in httpx.post(
+        f"{srv.url}/v2/models/tiny/infer", json=body, timeout=30).json()["outputs"]}  # fmt: skip
+    assert result.as_numpy("prediction").tolist() == want["prediction"]
+    assert result.as_numpy("abstain").tolist() == want["abstain"]
+    np.testing.assert_allclose(result.as_numpy("probabilities").reshape(-1), want["probabilities"],
+                               rtol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(result.as_numpy("vgmu"), want["vgmu"], rtol=1e-5)
+    client.close()
+
+
+def test_grpc_errors_are_statuses(grpc_server: tuple[Server, int]) -> None:
+    _, port = grpc_server
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    bad = grpcclient.InferInput("images", [1, 1, 28, 28], "INT32")
+    bad.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.int32))
+    with pytest.raises(InferenceServerException, match="datatype") as err:
+        client.infer("tiny", [bad])
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    ok = grpcclient.InferInput("images", [1, 1, 28, 28], "UINT8")
+    ok.set_data_from_numpy(np.zeros((1, 1, 28, 28), np.uint8))
+    with pytest.raises(InferenceServerException, match="unknown model") as err:
+        client.infer("nope", [ok])
+    assert err.value.status() == "StatusCode.NOT_FOUND"
+    client.close()
