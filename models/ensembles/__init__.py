@@ -1,6 +1,6 @@
 """Ensembles returning member probabilities (B, M, C): DE, LLE, MCD, MCD-LLE (paper Section 4)."""
 
-from .base import BatchedHeads, EnsembleOutput
+from .base import BatchedHeads, Ensemble, EnsembleOutput
 from .deep import DeepEnsemble
 from .factory import KINDS, VGN_KINDS, build_ensemble, normalise_kind
 from .lle import LastLayerEnsemble
@@ -11,6 +11,7 @@ __all__ = [
     "VGN_KINDS",
     "BatchedHeads",
     "DeepEnsemble",
+    "Ensemble",
     "EnsembleOutput",
     "LastLayerEnsemble",
     "MCDropoutEnsemble",

@@ -7,7 +7,7 @@ Every ensemble maps ``x (B, Cin, H, W)`` to :class:`EnsembleOutput` with raw mem
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,14 @@ from torch import Tensor, nn
 
 from models.nets import HeadSpec
 
-__all__ = ["BatchedHeads", "EnsembleOutput", "MCDropout", "MCDropout2d", "make_dropout_always_on"]
+__all__ = [
+    "BatchedHeads",
+    "Ensemble",
+    "EnsembleOutput",
+    "MCDropout",
+    "MCDropout2d",
+    "make_dropout_always_on",
+]
 
 
 class EnsembleOutput(NamedTuple):
@@ -23,6 +30,43 @@ class EnsembleOutput(NamedTuple):
 
     p: Tensor
     q: Tensor | None
+
+
+class Ensemble(nn.Module):
+    """The contract every ensemble (DE, LLE, MCD, MCD-LLE) keeps.
+
+    Subclasses set ``kind`` (``"de" | "lle" | "mcd" | "mcd-lle"``), ``members`` (M, the member
+    axis of the output), ``num_classes`` and ``vgn`` (the VGN layer or ``None``), and implement
+    :meth:`member_log_probs`. :meth:`forward` is shared: ``p = exp(log_p)`` and, with a gate,
+    ``q = VGN(p)`` (paper Section 3.1). ``return_log_p=True`` also returns the member
+    log-probabilities, for a numerically stable training loss; it is an argument of ``forward``
+    (not a separate method) so that DistributedDataParallel's forward hooks run.
+    """
+
+    kind: str
+    members: int
+    num_classes: int
+    vgn: nn.Module | None  # set in __init__: a class attribute would shadow the registered module
+
+    def member_log_probs(self, x: Tensor) -> Tensor:
+        """Member log-probabilities ``(B, M, C)`` for inputs ``x (B, Cin, H, W)``."""
+        raise NotImplementedError
+
+    @overload
+    def forward(self, x: Tensor, return_log_p: Literal[False] = False) -> EnsembleOutput: ...
+
+    @overload
+    def forward(self, x: Tensor, return_log_p: Literal[True]) -> tuple[EnsembleOutput, Tensor]: ...
+
+    def forward(
+        self, x: Tensor, return_log_p: bool = False
+    ) -> EnsembleOutput | tuple[EnsembleOutput, Tensor]:
+        """:class:`EnsembleOutput`; with ``return_log_p`` also the member log-probs ``(B, M, C)``."""
+        log_p = self.member_log_probs(x)
+        p = log_p.exp()
+        q = self.vgn(p) if self.vgn is not None else None
+        out = EnsembleOutput(p, q)
+        return (out, log_p) if return_log_p else out
 
 
 _ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu}

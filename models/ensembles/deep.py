@@ -17,14 +17,14 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from .base import EnsembleOutput
+from .base import Ensemble
 
 
 def _key(name: str) -> str:
     return name.replace(".", "__")
 
 
-class DeepEnsemble(nn.Module):
+class DeepEnsemble(Ensemble):
     """``x (B, Cin, H, W) -> EnsembleOutput(p (B, M, C), q (B, M, C) | None)``.
 
     ``make_member`` builds one full network (backbone + head) mapping images to logits (B, C);
@@ -95,11 +95,3 @@ class DeepEnsemble(nn.Module):
     def member_log_probs(self, x: Tensor) -> Tensor:
         """Member log-probabilities (B, M, C)."""
         return torch.log_softmax(self.member_logits(x), dim=-1)
-
-    def forward(self, x: Tensor, return_log_p: bool = False):  # noqa: ANN201
-        """Return :class:`EnsembleOutput`; with ``return_log_p`` also the member log-probs."""
-        log_p = self.member_log_probs(x)
-        p = log_p.exp()
-        q = self.vgn(p) if self.vgn is not None else None
-        out = EnsembleOutput(p, q)
-        return (out, log_p) if return_log_p else out

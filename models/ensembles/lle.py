@@ -12,10 +12,10 @@ from torch import Tensor, nn
 
 from models.nets import Backbone
 
-from .base import BatchedHeads, EnsembleOutput
+from .base import BatchedHeads, Ensemble
 
 
-class LastLayerEnsemble(nn.Module):
+class LastLayerEnsemble(Ensemble):
     """``x (B, Cin, H, W) -> EnsembleOutput(p (B, M, C), q (B, M, C) | None)``."""
 
     kind = "lle"
@@ -33,11 +33,3 @@ class LastLayerEnsemble(nn.Module):
     def member_log_probs(self, x: Tensor) -> Tensor:
         """Member log-probabilities (B, M, C)."""
         return torch.log_softmax(self.heads(self.backbone(x)), dim=-1)
-
-    def forward(self, x: Tensor, return_log_p: bool = False):  # noqa: ANN201
-        """Return :class:`EnsembleOutput`; with ``return_log_p`` also the member log-probs."""
-        log_p = self.member_log_probs(x)  # (B, M, C)
-        p = log_p.exp()
-        q = self.vgn(p) if self.vgn is not None else None
-        out = EnsembleOutput(p, q)
-        return (out, log_p) if return_log_p else out

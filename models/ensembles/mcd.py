@@ -15,14 +15,14 @@ VGN is not defined for these ensembles (paper Table 2): the factory refuses it.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from models.nets import Backbone
 
-from .base import BatchedHeads, EnsembleOutput, make_dropout_always_on
+from .base import BatchedHeads, Ensemble, make_dropout_always_on
 
 
-class MCDropoutEnsemble(nn.Module):
+class MCDropoutEnsemble(Ensemble):
     """``x (B, Cin, H, W) -> EnsembleOutput(p (B, S*H, C), None)``; ``heads=1`` is plain MCD."""
 
     def __init__(
@@ -61,9 +61,3 @@ class MCDropoutEnsemble(nn.Module):
         logits = self.heads(feats)  # (S*B, H, C): heads share each sample's features
         logits = logits.view(s, b, self.num_heads, -1).permute(1, 0, 2, 3)  # (B, S, H, C)
         return torch.log_softmax(logits.reshape(b, s * self.num_heads, -1), dim=-1)
-
-    def forward(self, x: Tensor, return_log_p: bool = False):  # noqa: ANN201
-        """Return :class:`EnsembleOutput` (``q`` is always ``None``)."""
-        log_p = self.member_log_probs(x)
-        out = EnsembleOutput(log_p.exp(), None)
-        return (out, log_p) if return_log_p else out

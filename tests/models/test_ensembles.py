@@ -177,3 +177,17 @@ def test_mcd_lle_reuses_features_across_heads():
     out2 = model(_x(2))
     ref = torch.softmax(heads(feats[0]), -1)  # (B, H, C)
     torch.testing.assert_close(out2.p[:, :3], ref)
+
+
+def test_every_ensemble_keeps_the_typed_contract() -> None:
+    """DE, LLE, MCD, MCD-LLE: one base class, one forward, the same output type and log-probs."""
+    from models.ensembles import Ensemble, EnsembleOutput, build_ensemble
+
+    x = torch.randn(3, 1, 28, 28)
+    for kind, vgn in (("de", True), ("lle", True), ("mcd", False), ("mcd-lle", False)):
+        net = build_ensemble(kind, "lenet5", num_classes=10, members=2, vgn=vgn).eval()
+        assert isinstance(net, Ensemble) and net.kind == kind and (net.vgn is not None) == vgn
+        out, log_p = net(x, return_log_p=True)
+        assert isinstance(out, EnsembleOutput) and out.p.shape == (3, net.members, 10)
+        torch.testing.assert_close(out.p, log_p.exp())
+        assert (out.q is not None) == vgn
