@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from models.checkpoint import ModelCard, load_checkpoint
 from models.data import conform_image, normalise_uint8
 from models.ensembles import EnsembleOutput
-from models.serving import ScoreColumns, ScoreOptions, decide
+from models.serving import ScoreColumns, ScoreOptions, decide, resolve_options
 
 __all__ = ["Predictor", "default_device"]
 
@@ -129,27 +129,6 @@ class Predictor:
         """
         return normalise_uint8(x, self._mean, self._std)
 
-    def answer_members(self, vgmu_on: str | None = None) -> str:
-        """``"q"``/``"p"``: the member set an answer comes from (``vgmu_on`` or the model's default).
-
-        Raises ``ValueError`` for ``vgmu_on="q"`` on a model without a variance gate.
-        """
-        if vgmu_on is None:
-            return self.card.answer_members
-        if vgmu_on not in ("p", "q"):
-            raise ValueError(f"vgmu_on must be 'p' or 'q'; got {vgmu_on!r}")
-        if vgmu_on == "q" and not self.card.vgn:
-            raise ValueError(
-                f"vgmu_on='q' needs a VGN model; {self.card.name!r} has no variance gate "
-                "(use vgmu_on='p' or leave it unset)"
-            )
-        return vgmu_on
-
-    def default_abstain_k(self, vgmu_on: str | None = None) -> float:
-        """The card's ``abstain_k`` calibrated for the answer's member set, or 1.0 without one."""
-        k = self.card.abstain_k_for(self.answer_members(vgmu_on))
-        return 1.0 if k is None else k
-
     def options(
         self,
         *,
@@ -158,18 +137,20 @@ class Predictor:
         top_k: int = 3,
         default_abstain_k: float | None = None,
     ) -> ScoreOptions:
-        """Resolve request options: the one place the default ``abstain_k`` is chosen.
-
-        ``abstain_k``: the request's, else ``default_abstain_k`` (a server-wide setting), else the
-        card's value calibrated for the answer's member set, else 1.0. ``top_k`` is clipped to C.
-        Raises ``ValueError`` for ``vgmu_on="q"`` on a model without a gate.
+        """Request options for this model (:func:`models.serving.resolve_options` with the card's
+        gate and calibration). Raises ``ValueError`` for ``vgmu_on="q"`` on a model without a gate.
         """
-        which = self.answer_members(vgmu_on)
-        if abstain_k is None:
-            abstain_k = default_abstain_k
-        k = self.default_abstain_k(which) if abstain_k is None else float(abstain_k)
-        n = max(1, min(int(top_k), self.card.num_classes))
-        return ScoreOptions(abstain_k=k, members=which, top_k=n)  # type: ignore[arg-type]
+        card = self.card
+        return resolve_options(
+            model=card.name,
+            vgn=card.vgn,
+            calibrated_k={m: card.abstain_k_for(m) for m in ("p", "q")},
+            num_classes=card.num_classes,
+            abstain_k=abstain_k,
+            vgmu_on=vgmu_on,
+            top_k=top_k,
+            default_abstain_k=default_abstain_k,
+        )
 
     def score_columns(self, out: EnsembleOutput, options: ScoreOptions) -> ScoreColumns:
         """The served decision for a batch's output, computed on its device, one copy to the host."""

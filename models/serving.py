@@ -17,6 +17,7 @@ The answer's member set is chosen once, in :meth:`models.predictor.Predictor.opt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,6 +45,39 @@ class ScoreOptions:
     abstain_k: float
     members: Members
     top_k: int
+
+
+def resolve_options(
+    *,
+    model: str,
+    vgn: bool,
+    calibrated_k: Mapping[str, float | None],
+    num_classes: int,
+    abstain_k: float | None = None,
+    vgmu_on: str | None = None,
+    top_k: int = 3,
+    default_abstain_k: float | None = None,
+) -> ScoreOptions:
+    """Request options -> :class:`ScoreOptions`: the one place the defaults are chosen.
+
+    Members: ``vgmu_on``, else ``q`` for VGN models and ``p`` otherwise (one distribution per
+    answer); ``abstain_k``: the request's, else ``default_abstain_k`` (a server-wide setting), else
+    ``calibrated_k[members]`` (the card's calibration for that rule), else 1.0; ``top_k`` clipped
+    to ``[1, num_classes]``. Raises ``ValueError`` for ``vgmu_on="q"`` without a gate.
+    """
+    which = vgmu_on or ("q" if vgn else "p")
+    if which not in ("p", "q"):
+        raise ValueError(f"vgmu_on must be 'p' or 'q'; got {vgmu_on!r}")
+    if which == "q" and not vgn:
+        raise ValueError(
+            f"vgmu_on=q needs a VGN model; {model!r} has no variance gate "
+            "(use vgmu_on=p or leave it unset)"
+        )
+    for k in (abstain_k, default_abstain_k, calibrated_k.get(which), 1.0):
+        if k is not None:
+            break
+    n = max(1, min(int(top_k), num_classes))
+    return ScoreOptions(abstain_k=float(k), members=which, top_k=n)  # type: ignore[arg-type]
 
 
 def decide(members: Tensor, abstain_k: float, top_k: int) -> Tensor:
@@ -86,10 +120,6 @@ class ScoreColumns:
     def rows(self, start: int, stop: int) -> ScoreColumns:
         """Rows ``[start, stop)`` (a view)."""
         return ScoreColumns(self.data[start:stop])
-
-    def take(self, index: np.ndarray) -> ScoreColumns:
-        """Rows at ``index`` (a copy)."""
-        return ScoreColumns(self.data[index])
 
     def column(self, name: str) -> np.ndarray:
         """One fixed column by name, ``(B,)``: ints for prediction, bools for abstain."""
@@ -140,7 +170,3 @@ class ScoreColumns:
                 }
             )
         return out
-
-    @staticmethod
-    def concat(parts: list[ScoreColumns]) -> ScoreColumns:
-        return ScoreColumns(np.concatenate([p.data for p in parts]))

@@ -44,10 +44,11 @@ class UncertaintyMonitor:
         self._n = 0
         self._next = 0
         self._last = 0.0
-        for name in self.class_names:  # every class exported from the start (at 0)
-            metrics.prediction_class.labels(model=model, label=name)
-        for h in (metrics.prediction_vgmu, metrics.prediction_eu, metrics.prediction_tu):
-            h.labels(model=model)
+        # Labelled children looked up once (the engine observes every answered request).
+        self._classes = [metrics.prediction_class.labels(model=model, label=n)
+                         for n in self.class_names]  # fmt: skip
+        self._hists = [h.labels(model=model) for h in
+                       (metrics.prediction_vgmu, metrics.prediction_eu, metrics.prediction_tu)]  # fmt: skip
         # 0 until the window holds MIN_SAMPLES images: exported from the start, never alerting.
         metrics.abstain_ratio_window.labels(model=model).set(0.0)
         for score in self.reference:
@@ -55,25 +56,16 @@ class UncertaintyMonitor:
 
     def observe(self, columns: ScoreColumns) -> None:
         """Record one request's answers; refresh the window gauges at most once per second."""
-        m, model = self.metrics, self.model
         vgmu, eu, tu = columns.column("vgmu"), columns.column("eu"), columns.column("tu")
-        abstain = columns.column("abstain")
-        hv, he, ht = (h.labels(model=model) for h in (m.prediction_vgmu, m.prediction_eu,
-                                                       m.prediction_tu))  # fmt: skip
-        for a, b, c in zip(vgmu.tolist(), eu.tolist(), tu.tolist(), strict=True):
-            hv.observe(a)
-            he.observe(b)
-            ht.observe(c)
-        for label, count in zip(*np.unique(columns.column("prediction"), return_counts=True),
-                                strict=True):  # fmt: skip
-            m.prediction_class.labels(model=model, label=self.class_names[int(label)]).inc(
-                int(count)
-            )
-        rows = np.stack((vgmu, eu, abstain.astype(np.float64)), axis=1)
+        for hist, values in zip(self._hists, (vgmu, eu, tu), strict=True):
+            for v in values.tolist():
+                hist.observe(v)
+        for label in columns.column("prediction").tolist():
+            self._classes[label].inc()
+        rows = np.stack((vgmu, eu, columns.column("abstain")), axis=1)[-len(self._values) :]
         w = len(self._values)
-        for row in rows[-w:]:
-            self._values[self._next] = row
-            self._next = (self._next + 1) % w
+        self._values[(self._next + np.arange(len(rows))) % w] = rows  # ring buffer, vectorised
+        self._next = (self._next + len(rows)) % w
         self._n = min(self._n + len(rows), w)
         now = time.monotonic()
         if now - self._last >= UPDATE_EVERY_S and self._n >= MIN_SAMPLES:

@@ -11,7 +11,6 @@ Triton-only RPCs (repository, shared memory, statistics, ...) answer UNIMPLEMENT
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -22,11 +21,11 @@ from service.inference import predict_tensor, resolve_options
 from service.routes.health import is_ready
 from service.routes.v2 import (
     _DTYPES,
-    INPUT_NAMES,
     OUTPUTS,
     _metadata,
     _outputs,
     _to_model_input,
+    check_input_spec,
 )
 
 _STATUS = {  # service error -> gRPC status code name
@@ -50,22 +49,8 @@ def _input_array(request: Any, max_images: int) -> tuple[np.ndarray, str]:
     if len(request.inputs) != 1:
         raise errors.BadInput("inputs must hold exactly one tensor: the image batch")
     spec = request.inputs[0]
-    dtype = spec.datatype
-    if dtype not in _DTYPES:
-        raise errors.BadInput(f"input datatype {dtype!r} is not supported; use UINT8 or FP32")
-    if spec.name and spec.name != INPUT_NAMES[dtype]:
-        raise errors.BadInput(
-            f"input {spec.name!r} with datatype {dtype}: send raw pixels as "
-            f"{INPUT_NAMES['UINT8']!r} (UINT8) or prepared input as {INPUT_NAMES['FP32']!r} (FP32)"
-        )
-    shape = [int(s) for s in spec.shape]
-    if len(shape) not in (3, 4) or not all(s > 0 for s in shape):
-        raise errors.BadInput(f"input shape {shape} is invalid; use [B, C, H, W] or [B, H, W]")
-    if shape[0] > max_images:
-        raise errors.PayloadTooLarge(
-            f"too many images: batch of {shape[0]}, the limit is {max_images} (VGE_MAX_IMAGES)"
-        )
-    count = math.prod(shape)
+    dtype, shape = spec.datatype, [int(s) for s in spec.shape]
+    count = check_input_spec(spec.name, dtype, shape, max_images)
     if request.raw_input_contents:
         raw = request.raw_input_contents[0]
         if len(raw) != count * _DTYPES[dtype].itemsize:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from models.serving import ScoreOptions
+from models.serving import ScoreOptions, resolve_options
 from service.errors import InvalidValue, NotFound, NotReady
 from service.metrics import Metrics
 from service.settings import Settings
@@ -63,24 +63,21 @@ class ModelInfo:
         top_k: int,
         default_abstain_k: float | None,
     ) -> ScoreOptions:
-        """Resolve request options exactly like :meth:`models.predictor.Predictor.options`.
-
-        ``abstain_k``: the request's, else the server default, else the card's value calibrated
-        for the answer's member set, else 1.0. ``vgmu_on="q"`` on a model without a gate is a 422.
-        """
-        which = vgmu_on or self.answer_members
-        if which == "q" and not self.vgn:
-            raise InvalidValue(
-                f"vgmu_on=q needs a VGN model; {self.name!r} has no variance gate "
-                "(use vgmu_on=p or leave it unset)"
+        """Request options for the served model (:func:`models.serving.resolve_options`, as
+        :meth:`models.predictor.Predictor.options` does in the engine); a misuse is a 422."""
+        try:
+            return resolve_options(
+                model=self.name,
+                vgn=self.vgn,
+                calibrated_k=self.calibrated_k,
+                num_classes=len(self.class_names),
+                abstain_k=abstain_k,
+                vgmu_on=vgmu_on,
+                top_k=top_k,
+                default_abstain_k=default_abstain_k,
             )
-        if abstain_k is None:
-            abstain_k = default_abstain_k
-        if abstain_k is None:
-            abstain_k = self.calibrated_k.get(which)
-        k = 1.0 if abstain_k is None else float(abstain_k)
-        n = max(1, min(int(top_k), len(self.class_names)))
-        return ScoreOptions(abstain_k=k, members=which, top_k=n)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise InvalidValue(str(exc)) from None
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ offset, dtype and shape over its control socket. The engine reads the region in 
 assembles a batch; the front end frees the region when the engine's answer for that request
 arrives (the engine is then done with it).
 
-Why this channel (measured, see docs/benchmarks.md): pickling a tensor through
-``multiprocessing.Queue`` costs a file-descriptor handshake per tensor with ``torch.multiprocessing``
-or a full copy and pickle otherwise; a mapped region costs nothing per request beyond a 60-byte
-control message.
+Why this channel (a design argument, not a side-by-side measurement): a tensor through
+``torch.multiprocessing`` costs a file-descriptor handshake per tensor, a plain
+``multiprocessing.Queue`` a pickle and a copy; a mapped region costs the write that decoding does
+anyway plus a ~100-byte control message per request.
 """
 
 from __future__ import annotations

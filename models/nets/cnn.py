@@ -12,6 +12,8 @@ the LeNet-5 trunk's 16-dim bottleneck caps accuracy on the 5,600 bundled trainin
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from .registry import Backbone, HeadSpec, register_backbone
@@ -68,14 +70,7 @@ class CNN4(Backbone):
 
 
 @register_backbone("cnn4")
-def cnn4(
-    in_channels: int = 1,
-    width: int = 32,
-    hidden: int = 128,
-    dropout: float = 0.2,
-    fc_activation: str = "relu",
-    head_hidden: int = 0,
-    head_dropout: float = 0.0,
-) -> CNN4:
-    """The 4-convolution BatchNorm CNN (see the module docstring)."""
-    return CNN4(in_channels, width, hidden, dropout, fc_activation, head_hidden, head_dropout)
+def cnn4(**kwargs: Any) -> CNN4:
+    """The 4-convolution BatchNorm CNN (see the module docstring); keyword arguments as
+    :class:`CNN4`."""
+    return CNN4(**kwargs)

@@ -148,21 +148,16 @@ async def _parse_body(request: Request) -> tuple[dict[str, Any], bytes]:
     return body, binary
 
 
-def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.ndarray:
-    inputs = body.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise BadInput("inputs must hold exactly one tensor: the image batch")
-    spec = inputs[0]
-    dtype = spec.get("datatype")
+def check_input_spec(name: Any, dtype: Any, shape: Any, max_images: int) -> int:
+    """The one input tensor's name, datatype and shape, checked for HTTP and gRPC alike; returns
+    its element count."""
     if dtype not in _DTYPES:
         raise BadInput(f"input datatype {dtype!r} is not supported; use UINT8 or FP32")
-    name = spec.get("name")
-    if name is not None and name != INPUT_NAMES[dtype]:
+    if name and name != INPUT_NAMES[dtype]:
         raise BadInput(
             f"input {name!r} with datatype {dtype}: send raw pixels as "
             f"{INPUT_NAMES['UINT8']!r} (UINT8) or prepared input as {INPUT_NAMES['FP32']!r} (FP32)"
         )
-    shape = spec.get("shape")
     if (
         not isinstance(shape, list)
         or len(shape) not in (3, 4)
@@ -175,7 +170,16 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
         raise PayloadTooLarge(
             f"too many images: batch of {shape[0]}, the limit is {max_images} (VGE_MAX_IMAGES)"
         )
-    count = math.prod(shape)
+    return math.prod(shape)
+
+
+def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.ndarray:
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise BadInput("inputs must hold exactly one tensor: the image batch")
+    spec = inputs[0]
+    dtype, shape = spec.get("datatype"), spec.get("shape")
+    count = check_input_spec(spec.get("name"), dtype, shape, max_images)
     size = (spec.get("parameters") or {}).get("binary_data_size")
     if size is not None:
         if size != count * _DTYPES[dtype].itemsize or size > len(binary):
