@@ -1,0 +1,133 @@
+"""One small SQL layer for the service's durable state: SQLite on one host, PostgreSQL for several.
+
+The review queue (:mod:`service.reviews`), training-job history (:mod:`service.jobs`) and the
+promotion history (:mod:`service.model_manager`) write through :class:`Database`. Statements are
+written once, in the dialect both engines share (``?`` placeholders, ``ON CONFLICT DO NOTHING``,
+``RETURNING``, ``DOUBLE PRECISION``); :class:`Database` translates placeholders for psycopg and says
+whether ``FOR UPDATE SKIP LOCKED`` is available (PostgreSQL) or needed at all (SQLite serialises
+writers, so a single ``UPDATE … RETURNING`` already claims a row atomically).
+
+URLs: ``sqlite:///relative/path.sqlite3``, ``sqlite:////absolute/path.sqlite3``,
+``postgresql://user:pass@host:port/dbname`` (psycopg 3; ``pip install 'vge-serve[postgres]'``).
+Each process opens its own connection (front ends and the engine are separate processes); SQLite
+runs in WAL mode with a busy timeout so those processes can write concurrently.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+SQLITE_PREFIX = "sqlite:///"
+POSTGRES_PREFIXES = ("postgresql://", "postgres://")
+
+
+def check_url(url: str, setting: str) -> str:
+    """Validate a database URL eagerly; the error says how to fix it (``setting`` names the knob)."""
+    if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
+        return url
+    if url.startswith(POSTGRES_PREFIXES):
+        return url
+    raise ValueError(
+        f"{setting} {url!r} is not supported; use sqlite:///relative/path.sqlite3, "
+        "sqlite:////absolute/path.sqlite3 or postgresql://user:password@host:5432/dbname"
+    )
+
+
+def sqlite_path(url: str) -> Path:
+    """The file of a ``sqlite:///`` URL."""
+    return Path(url[len(SQLITE_PREFIX) :])
+
+
+class Database:
+    """A thread-safe connection to SQLite or PostgreSQL with one statement API for both."""
+
+    def __init__(self, url: str) -> None:
+        self.url = check_url(url, "database URL")
+        self.postgres = url.startswith(POSTGRES_PREFIXES)
+        self._lock = threading.RLock()
+        if self.postgres:
+            try:
+                import psycopg
+                from psycopg.rows import dict_row
+            except ImportError:  # pragma: no cover - depends on the install
+                raise ValueError(
+                    "a postgresql:// database needs psycopg 3: pip install 'vge-serve[postgres]'"
+                ) from None
+            self._conn: Any = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+        else:
+            path = sqlite_path(url)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA busy_timeout=10000")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn = conn
+
+    @property
+    def skip_locked(self) -> str:
+        """The row-claiming suffix for a ``SELECT`` inside ``UPDATE … WHERE id = (…)``."""
+        return " FOR UPDATE SKIP LOCKED" if self.postgres else ""
+
+    @property
+    def for_update(self) -> str:
+        """The row-locking suffix of a ``SELECT`` inside a transaction (PostgreSQL only)."""
+        return " FOR UPDATE" if self.postgres else ""
+
+    def _sql(self, sql: str) -> str:
+        return sql.replace("?", "%s") if self.postgres else sql
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; the number of rows it changed."""
+        with self._lock:
+            cur = self._conn.execute(self._sql(sql), tuple(params))
+            return int(cur.rowcount or 0)
+
+    def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Rows as dicts."""
+        with self._lock:
+            rows = self._conn.execute(self._sql(sql), tuple(params)).fetchall()
+        return [dict(r) for r in rows]
+
+    def fetchone(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+        """The first row as a dict, or None."""
+        with self._lock:
+            row = self._conn.execute(self._sql(sql), tuple(params)).fetchone()
+        return dict(row) if row is not None else None
+
+    def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """The first column of the first row (None when there is no row)."""
+        row = self.fetchone(sql, params)
+        return next(iter(row.values())) if row else None
+
+    @contextmanager
+    def transaction(self) -> Iterator[Database]:
+        """A write transaction (SQLite: ``BEGIN IMMEDIATE``, taking the write lock up front)."""
+        with self._lock:
+            if self.postgres:
+                with self._conn.transaction():
+                    yield self
+            else:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+
+    def script(self, statements: str) -> None:
+        """Run ``;``-separated DDL (schema creation; every statement idempotent)."""
+        with self._lock:
+            for stmt in (s.strip() for s in statements.split(";")):
+                if stmt:
+                    self._conn.execute(stmt)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,37 @@
+"""Session-wide fixtures shared by several test folders."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests import postgres
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[postgres.PostgresServer]:
+    """One real PostgreSQL server for the session (the README's test command installs it)."""
+    assert postgres.available(), (
+        "PostgreSQL or psycopg is missing: run scripts/install-system-deps.sh and "
+        "pip install -e '.[test]'"
+    )
+    server = postgres.PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_database(pg_server: postgres.PostgresServer) -> Callable[[], str]:
+    """A factory of fresh, empty databases on the session's server (their URLs)."""
+    counter = itertools.count()
+
+    def make() -> str:
+        import uuid
+
+        return pg_server.create_database(f"t{next(counter)}_{uuid.uuid4().hex[:8]}")
+
+    return make

@@ -1,0 +1,200 @@
+"""The review store on both databases it supports: SQLite (one host) and a real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from service.db import Database
+from service.errors import Conflict, InvalidValue, NotFound
+from service.reviews import ReviewStore, sniff_content_type
+
+CLASSES = [str(i) for i in range(10)]
+PNG = b"\x89PNG\r\n\x1a\n" + b"pixels"
+
+
+def answer(label: str = "3", vgmu: float = 0.5) -> dict[str, object]:
+    return {
+        "prediction": int(label), "label": label, "vgmu": vgmu, "snr": 1.0, "tu": 0.5,
+        "au": 0.3, "eu": 0.2, "abstain": True, "abstain_k": 1.0,
+        "probabilities": [{"label": label, "probability": 0.6}],
+    }  # fmt: skip
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/reviews.sqlite3"
+    make: Callable[[], str] = request.getfixturevalue("pg_database")
+    return make()
+
+
+def make_store(
+    url: str, tmp_path: Path, max_items: int = 100, lease_s: float = 60.0
+) -> ReviewStore:
+    return ReviewStore(Database(url), tmp_path / "blobs", max_items=max_items, lease_s=lease_s)
+
+
+def queue(
+    store: ReviewStore, data: bytes, label: str = "3", vgmu: float = 0.5, now: float = 1000.0
+):
+    (out,) = store.enqueue(
+        model="m",
+        model_version="1",
+        classes=CLASSES,
+        images=[data],
+        answers=[answer(label, vgmu)],
+        now=now,
+    )
+    return out
+
+
+def test_queue_stores_answer_and_image_once(db_url: str, tmp_path: Path) -> None:
+    store = make_store(db_url, tmp_path)
+    first = queue(store, PNG + b"a")
+    again = queue(store, PNG + b"a")
+    other = queue(store, PNG + b"b")
+    assert first.status == "queued" and again.status == "already_queued"
+    assert again.review_id == first.review_id and other.review_id != first.review_id
+    assert len(list((tmp_path / "blobs").rglob("*"))) == 2 + 2  # 2 shard dirs + 2 files
+    item = store.get(first.review_id)
+    assert item["state"] == "pending" and item["answer"]["model"] == "m"
+    assert item["answer"]["eu"] == 0.2 and item["classes"] == CLASSES
+    assert store.image(first.review_id) == (PNG + b"a", "image/png")
+    # Labelled, the same image queued again is a new item whose bytes are still stored once.
+    store.label(first.review_id, "3", "ann")
+    assert queue(store, PNG + b"a").status == "queued"
+    assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) == 2
+
+
+def test_full_queue_refuses_without_failing(db_url: str, tmp_path: Path) -> None:
+    store = make_store(db_url, tmp_path, max_items=2)
+    assert [queue(store, PNG + bytes([i])).status for i in range(3)] == [
+        "queued",
+        "queued",
+        "queue_full",
+    ]
+    assert queue(store, PNG + bytes([3])).review_id is None
+    assert store.pending_count() == 2
+
+
+def test_list_orders_and_paginates(db_url: str, tmp_path: Path) -> None:
+    store = make_store(db_url, tmp_path)
+    ids = [queue(store, PNG + bytes([i]), vgmu=v, now=1000.0 + i).review_id
+           for i, v in enumerate([0.9, 0.1, 0.5, 0.3, 0.7])]  # fmt: skip
+    page, cursor = store.list(limit=2)
+    assert [r["id"] for r in page] == ids[:2] and cursor
+    rest, end = store.list(limit=10, cursor=cursor)
+    assert [r["id"] for r in rest] == ids[2:] and end is None
+    by_vgmu, _ = store.list(order="vgmu", limit=10)
+    assert [r["answer"]["vgmu"] for r in by_vgmu] == [0.1, 0.3, 0.5, 0.7, 0.9]
+    with pytest.raises(InvalidValue, match="cursor"):
+        store.list(cursor="not-a-cursor")
+    assert store.list(state="reviewed")[0] == []
+
+
+def test_label_validation_and_state_changes(db_url: str, tmp_path: Path) -> None:
+    store = make_store(db_url, tmp_path)
+    rid = queue(store, PNG).review_id
+    with pytest.raises(InvalidValue, match="'cat' is not a class"):
+        store.label(rid, "cat", "ann")
+    with pytest.raises(NotFound):
+        store.label("nope", "3", "ann")
+    skipped = store.skip(rid, "ann")
+    assert skipped["state"] == "skipped"
+    reviewed = store.label(rid, "8", "bob")  # a skipped item can still be labelled
+    assert (reviewed["state"], reviewed["label"], reviewed["reviewer"]) == ("reviewed", "8", "bob")
+    with pytest.raises(Conflict, match="already reviewed"):
+        store.label(rid, "3", "ann")
+
+
+def test_claim_leases_and_expiry(db_url: str, tmp_path: Path) -> None:
+    store = make_store(db_url, tmp_path, lease_s=10.0)
+    a = queue(store, PNG + b"1", now=1.0).review_id
+    b = queue(store, PNG + b"2", now=2.0).review_id
+    assert store.claim("ann", now=100.0)["id"] == a
+    assert store.claim("ann", now=101.0)["id"] == a  # her own item comes back
+    assert store.claim("bob", now=101.0)["id"] == b
+    assert store.claim("cid", now=101.0) is None
+    with pytest.raises(Conflict, match="claimed by 'ann'"):
+        store.label(a, "3", "bob", now=105.0)
+    assert store.claim("cid", now=111.5)["id"] == a  # ann's lease (101 + 10 s) ran out
+    store.label(a, "3", "cid", now=112.0)
+    stats = store.stats()
+    assert stats["counts"] == {"pending": 1, "reviewed": 1, "skipped": 0}
+
+
+def test_concurrent_claims_never_share_an_item(db_url: str, tmp_path: Path) -> None:
+    store = make_store(db_url, tmp_path)
+    for i in range(40):
+        queue(store, PNG + bytes([i]), now=float(i))
+    # Separate connections, like separate processes or replicas.
+    stores = [make_store(db_url, tmp_path) for _ in range(4)]
+    got: list[str] = []
+    lock = threading.Lock()
+
+    def reviewer(n: int) -> None:
+        s = stores[n]
+        while (item := s.claim(f"r{n}")) is not None:
+            with lock:
+                got.append(item["id"])
+            s.label(item["id"], "3", f"r{n}")
+
+    threads = [threading.Thread(target=reviewer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 40 and len(set(got)) == 40
+
+
+def test_stats_agreement_and_median_wait(db_url: str, tmp_path: Path) -> None:
+    store = make_store(db_url, tmp_path)
+    r1 = queue(store, PNG + b"1", label="3", now=0.0).review_id
+    r2 = queue(store, PNG + b"2", label="3", now=0.0).review_id
+    r3 = queue(store, PNG + b"3", label="7", now=0.0).review_id
+    queue(store, PNG + b"4", label="7", now=0.0)
+    store.label(r1, "3", "x", now=10.0)
+    store.label(r2, "5", "x", now=20.0)
+    store.label(r3, "7", "x", now=60.0)
+    s = store.stats()
+    assert s["counts"] == {"pending": 1, "reviewed": 3, "skipped": 0}
+    assert s["agreement"] == pytest.approx(2 / 3)
+    assert s["agreement_by_class"] == {
+        "3": {"agreement": 0.5, "reviewed": 2},
+        "7": {"agreement": 1.0, "reviewed": 1},
+    }
+    assert s["median_time_to_review_s"] == pytest.approx(20.0)
+    assert sorted((lab, data) for lab, _, data, _ in store.reviewed()) == [
+        ("3", PNG + b"1"),
+        ("5", PNG + b"2"),
+        ("7", PNG + b"3"),
+    ]
+
+
+def test_retention_deletes_old_closed_items_and_their_images(db_url: str, tmp_path: Path) -> None:
+    store = make_store(db_url, tmp_path)
+    old = queue(store, PNG + b"old", now=0.0).review_id
+    shared = queue(store, PNG + b"shared", now=0.0).review_id
+    pending = queue(store, PNG + b"pending", now=0.0).review_id
+    store.label(old, "3", "x", now=10.0)
+    store.label(shared, "3", "x", now=10.0)
+    again = queue(store, PNG + b"shared", now=5 * 86400.0).review_id  # pending, same bytes
+    assert store.sweep(retention_days=2, now=5 * 86400.0) == 2
+    with pytest.raises(NotFound):
+        store.get(old)
+    assert store.get(pending)["state"] == "pending" and store.get(again)["state"] == "pending"
+    files = {p.name for p in (tmp_path / "blobs").rglob("*") if p.is_file()}
+    import hashlib
+
+    assert hashlib.sha256(PNG + b"old").hexdigest() not in files
+    assert hashlib.sha256(PNG + b"shared").hexdigest() in files  # still referenced
+
+
+def test_sniffs_image_types() -> None:
+    assert sniff_content_type(b"\xff\xd8\xff\xe0") == "image/jpeg"
+    assert sniff_content_type(b"RIFF1234WEBPVP8 ") == "image/webp"
+    assert sniff_content_type(b"hello") == "application/octet-stream"
