@@ -16,12 +16,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service.db import Database
 from service.deps import ServiceState
 from service.engine_client import EngineClient
 from service.errors import install_error_handlers
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, DrainMiddleware, RequestMetricsMiddleware
-from service.routes import health, jobs, models, predict, v2
+from service.reviews import ReviewStore
+from service.routes import health, jobs, models, predict, reviews, v2
 from service.settings import Settings
 
 log = logging.getLogger("vge.service")
@@ -35,6 +37,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.settings.decode_workers, thread_name_prefix="vge-decode"
     )
     state.engine.start()
+    if state.settings.review_enabled:
+        state.reviews = open_review_store(state.settings)
     _warm_up_decoding()
     grpc_server = None
     if state.settings.grpc_port:
@@ -52,7 +56,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if grpc_server is not None:
             await grpc_server.stop(grace=state.settings.shutdown_grace_s)
         await state.engine.close()
+        if state.reviews is not None:
+            state.reviews.db.close()
         state.decode_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def open_review_store(settings: Settings) -> ReviewStore:
+    """The review queue this process writes to (front ends and the engine each open their own)."""
+    return ReviewStore(
+        Database(settings.reviews_database_url),
+        settings.review_dir / "blobs",
+        max_items=settings.review_max_items,
+        lease_s=settings.review_lease_s,
+    )
 
 
 def _warm_up_decoding() -> None:
@@ -79,6 +95,7 @@ def create_app(settings: Settings, engine: EngineClient) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_payload_bytes, metrics=metrics)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     app.add_middleware(DrainMiddleware, state=state)
-    for module in (health, predict, models, jobs, v2):
+    for module in (health, predict, models, jobs, reviews, v2):
         app.include_router(module.router)
+    app.include_router(reviews.page_router)
     return app

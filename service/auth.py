@@ -44,4 +44,28 @@ async def require_api_key(request: Request) -> None:
         raise Forbidden("wrong API key")
 
 
+async def require_reviewer(request: Request) -> None:
+    """FastAPI dependency for the review API: the reviewer key or the admin API key.
+
+    With neither configured the review endpoints are disabled (403), like the admin endpoints.
+    """
+    settings = request.app.state.settings
+    keys = [k for k in (settings.reviewer_key, settings.api_key) if k is not None]
+    presented = _presented_key(request)
+    if presented is None:
+        raise Unauthorized(
+            "missing reviewer key: send `Authorization: Bearer <key>` (VGE_REVIEWER_KEY)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not keys:
+        raise Forbidden(
+            "the review API is disabled: start the server with VGE_REVIEWER_KEY (or VGE_API_KEY)"
+        )
+    # Compare with every key (no early exit) so timing does not tell which one is configured.
+    ok = [secrets.compare_digest(presented.encode(), k.get_secret_value().encode()) for k in keys]
+    if not any(ok):
+        raise Forbidden("wrong reviewer key")
+
+
 ApiKey = Annotated[None, Depends(require_api_key)]
+ReviewerKey = Annotated[None, Depends(require_reviewer)]

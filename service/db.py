@@ -24,6 +24,7 @@ from typing import Any
 
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
+_SCHEMA_LOCK = 0x76676573  # "vges": the advisory lock key of schema creation
 
 
 def check_url(url: str, setting: str) -> str:
@@ -123,10 +124,28 @@ class Database:
 
     def script(self, statements: str) -> None:
         """Run ``;``-separated DDL (schema creation; every statement idempotent)."""
+        stmts = [s.strip() for s in statements.split(";") if s.strip()]
         with self._lock:
-            for stmt in (s.strip() for s in statements.split(";")):
-                if stmt:
+            if self.postgres:
+                # Concurrent CREATE … IF NOT EXISTS can still collide in PostgreSQL's catalogue
+                # (several processes start at once): serialise schema changes with a lock.
+                with self._conn.transaction():
+                    self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    for stmt in stmts:
+                        self._conn.execute(stmt)
+            else:
+                for stmt in stmts:
                     self._conn.execute(stmt)
+
+    def add_column(self, table: str, column: str, decl: str) -> None:
+        """Migrate a table created by an older version: add ``column`` when it is missing."""
+        with self._lock:
+            if self.postgres:
+                self._conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
+                return
+            cols = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})").fetchall()}
+            if column not in cols:
+                self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
     def close(self) -> None:
         with self._lock:

@@ -186,3 +186,18 @@ async def multipart_images(files: list[UploadFile], settings: Settings) -> list[
             )
         out.append(data)
     return out
+
+
+def to_png(data: bytes) -> bytes:
+    """Re-encode an image (as stored in the review queue) as PNG, for ImageFolder exports."""
+    from torchvision.io import encode_png
+
+    img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
+                       mode=ImageReadMode.UNCHANGED)  # fmt: skip
+    if img.ndim == 4:
+        img = img[0]
+    if img.dtype != torch.uint8:
+        from torchvision.transforms.v2.functional import to_dtype
+
+        img = to_dtype(img, torch.uint8, scale=True)
+    return bytes(encode_png(img).numpy())

@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from service.engine_client import EngineClient
 from service.metrics import Metrics
 from service.model_manager import ModelInfo
+from service.reviews import ReviewStore
 from service.settings import Settings
 
 
@@ -24,6 +25,18 @@ class ServiceState:
     decode_pool: ThreadPoolExecutor | None = None
     draining: bool = False
     drain_started: float | None = None  # time.monotonic() of SIGTERM, when the server drains
+    reviews: ReviewStore | None = None  # the human review queue, when VGE_REVIEW_QUEUE=on
+
+    def review_store(self) -> ReviewStore:
+        """The review queue, or a 404 saying how to turn it on."""
+        from service.errors import NotFound
+
+        if self.reviews is None:
+            raise NotFound(
+                "the review queue is off: start the server with VGE_REVIEW_QUEUE=on "
+                "(or --review-queue)"
+            )
+        return self.reviews
 
     def model(self, name: str | None = None) -> ModelInfo:
         """The served model (503 while the engine starts), checking ``name`` when given (404)."""

@@ -36,13 +36,17 @@ class Engine:
 
     def __init__(self, settings: Settings) -> None:
         from service.batcher import Batcher
+        from service.db import Database
         from service.jobs import JobManager
         from service.metrics import Metrics
-        from service.model_manager import ModelManager
+        from service.model_manager import ModelHistory, ModelManager
 
         self.settings = settings
         self.metrics = Metrics()
-        self.models = ModelManager(settings, self.metrics)
+        history = ModelHistory(
+            Database(settings.jobs_database_url), settings.resolved_replica_name()
+        )
+        self.models = ModelManager(settings, self.metrics, history)
         self.batcher = Batcher(
             max_batch_size=settings.max_batch_size,
             max_delay_s=settings.max_queue_delay_s,
@@ -51,6 +55,12 @@ class Engine:
             wait_always=settings.batch_wait == "always",
         )
         self.jobs = JobManager(settings, self.metrics)
+        self.reviews = None
+        if settings.review_enabled:
+            from service.app import open_review_store
+
+            self.reviews = open_review_store(settings)
+            self.jobs.reviews = self.reviews
         self._clients: set[asyncio.StreamWriter] = set()
         self._monitors: dict[int, Any] = {}  # model generation -> UncertaintyMonitor
 
@@ -88,6 +98,7 @@ class Engine:
         if ready is not None:
             ready.set()
         memory = loop.create_task(self._watch_device_memory())
+        housekeeping = loop.create_task(self._review_housekeeping())
         await stop.wait()
 
         # A SIGTERM sent to the whole process group (e.g. coreutils `timeout`) reaches the engine
@@ -98,11 +109,39 @@ class Engine:
         log.info("engine: SIGTERM, computing what is queued")
         self.metrics.engine_ready.set(0)
         memory.cancel()
+        housekeeping.cancel()
         server.close()
         await self.batcher.drain(self.settings.shutdown_grace_s)
         await asyncio.to_thread(self.jobs.shutdown)
         for writer in list(self._clients):
             writer.close()
+
+    async def _review_housekeeping(self) -> None:
+        """The review queue's depth gauge (every 2 s) and retention (at start, then hourly).
+
+        The engine does this once per replica; front ends write the queue themselves.
+        """
+        if self.reviews is None:
+            return
+        store, s = self.reviews, self.settings
+        gauge = self.metrics.review_queue_depth
+        last_sweep = -1e9
+        seen: set[str] = set()
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if s.review_retention_days > 0 and loop.time() - last_sweep > 3600:
+                    last_sweep = loop.time()
+                    deleted = await asyncio.to_thread(store.sweep, s.review_retention_days)
+                    if deleted:
+                        log.info("review retention: deleted %d closed items", deleted)
+                depth = await asyncio.to_thread(store.depth_by_model)
+                for model in seen | depth.keys():  # a model whose queue emptied reads 0
+                    gauge.labels(model=model).set(depth.get(model, 0))
+                seen |= depth.keys()
+            except Exception:  # noqa: BLE001 - a database hiccup must not stop the engine
+                log.exception("review housekeeping failed; retrying")
+            await asyncio.sleep(2.0)
 
     async def _watch_device_memory(self) -> None:
         while True:
@@ -237,7 +276,12 @@ class Engine:
                 raise Conflict(
                     f"job {kwargs['job_id']} is {job['state']}, not succeeded; nothing to promote"
                 )
-            loaded = await self.models.load_checked(Path(job["model_dir"]))
+            loaded = await self.models.load_checked(Path(job["model_dir"]), "promote_job")
+        elif method == "models.rollback":
+            loaded = await self.models.rollback(kwargs.get("to"))
+        elif method == "models.history":
+            assert self.models.history is not None
+            return await asyncio.to_thread(self.models.history.entries, kwargs.get("limit", 100))
         elif method in ("jobs.submit", "jobs.list", "jobs.get", "jobs.cancel", "jobs.logs"):
             return await asyncio.to_thread(getattr(self.jobs, method.split(".")[1]), **kwargs)
         else:

@@ -1,6 +1,7 @@
 """Training jobs: run ``models.training.train`` in a separate (spawned) process; persist in SQLite.
 
-* :class:`JobStore` — job records and progress events in SQLite (stdlib ``sqlite3``), so a restart
+* :class:`JobStore` — job records and progress events in the service database (SQLite, or the
+  shared PostgreSQL of ``VGE_DB_URL``; :mod:`service.db`), so a restart
   loses no history. Jobs that were queued or running when the server died are marked
   ``interrupted`` at the next start.
 * :class:`JobManager` — validates configs, queues jobs, runs up to ``max_concurrent_jobs`` at once,
@@ -19,7 +20,6 @@ import logging
 import multiprocessing as mp
 import os
 import queue
-import sqlite3
 import threading
 import time
 import traceback
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.db import Database
 from service.errors import Conflict, InvalidValue, NotFound
 from service.metrics import JOB_STATES, Metrics
 from service.settings import Settings
@@ -43,9 +44,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
     state TEXT NOT NULL,
     config TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
+    created_at DOUBLE PRECISION NOT NULL,
+    started_at DOUBLE PRECISION,
+    finished_at DOUBLE PRECISION,
     model_dir TEXT,
     error TEXT,
     progress TEXT,
@@ -55,7 +56,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 CREATE TABLE IF NOT EXISTS job_events (
     job_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
-    ts REAL NOT NULL,
+    ts DOUBLE PRECISION NOT NULL,
     event TEXT NOT NULL,
     PRIMARY KEY (job_id, seq)
 );
@@ -63,84 +64,71 @@ CREATE TABLE IF NOT EXISTS job_events (
 
 
 class JobStore:
-    """SQLite persistence for job records and their progress events (thread-safe)."""
+    """Job records and their progress events in a :class:`service.db.Database` (thread-safe)."""
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(_SCHEMA)
+    def __init__(self, db: Database, owner: str) -> None:
+        self.db = db
+        self.owner = owner  # the replica that runs this store's jobs (VGE_REPLICA_NAME)
+        db.script(_SCHEMA)
+        db.add_column("jobs", "owner", "TEXT")
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self.db.close()
 
     def create(self, job_id: str, config: dict[str, Any]) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO jobs (id, state, config, created_at) VALUES (?, 'queued', ?, ?)",
-                (job_id, json.dumps(config), time.time()),
-            )
+        self.db.execute(
+            "INSERT INTO jobs (id, state, config, created_at, owner) VALUES (?, 'queued', ?, ?, ?)",
+            (job_id, json.dumps(config), time.time(), self.owner),
+        )
 
     def update(self, job_id: str, **fields: Any) -> None:
         for key in ("progress", "metrics"):
             if key in fields and not isinstance(fields[key], str | None):
                 fields[key] = json.dumps(fields[key])
         cols = ", ".join(f"{k} = ?" for k in fields)
-        with self._lock:
-            self._db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+        self.db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
 
     def add_event(self, job_id: str, event: dict[str, Any]) -> None:
-        with self._lock:
-            (n,) = self._db.execute(
-                "SELECT COUNT(*) FROM job_events WHERE job_id = ?", (job_id,)
-            ).fetchone()
+        with self.db.transaction() as db:
+            n = int(db.scalar("SELECT COUNT(*) AS n FROM job_events WHERE job_id = ?", (job_id,)))
             if n < MAX_STORED_EVENTS or event.get("type") != "step":
-                self._db.execute(
+                db.execute(
                     "INSERT INTO job_events (job_id, seq, ts, event) VALUES (?, ?, ?, ?)",
                     (job_id, n, time.time(), json.dumps(event)),
                 )
-            self._db.execute("UPDATE jobs SET progress = ? WHERE id = ?",
-                             (json.dumps(event), job_id))  # fmt: skip
+            db.execute("UPDATE jobs SET progress = ? WHERE id = ?", (json.dumps(event), job_id))
 
     def get(self, job_id: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = self.db.fetchone("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return _row(row) if row else None
 
     def list(self, limit: int = 100) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,)
-            ).fetchall()
+        rows = self.db.fetchall("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
         return [_row(r) for r in rows]
 
     def events(self, job_id: str, limit: int = 200) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT ts, event FROM job_events WHERE job_id = ? ORDER BY seq DESC LIMIT ?",
-                (job_id, limit),
-            ).fetchall()
+        rows = self.db.fetchall(
+            "SELECT ts, event FROM job_events WHERE job_id = ? ORDER BY seq DESC LIMIT ?",
+            (job_id, limit),
+        )
         return [{"ts": r["ts"], **json.loads(r["event"])} for r in reversed(rows)]
 
     def in_state(self, *states: str) -> list[dict[str, Any]]:
+        """This replica's jobs in ``states`` (jobs of older versions, without owner, count too)."""
         marks = ",".join("?" * len(states))
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at", states
-            ).fetchall()
+        rows = self.db.fetchall(
+            f"SELECT * FROM jobs WHERE state IN ({marks}) AND (owner = ? OR owner IS NULL) "
+            "ORDER BY created_at",
+            (*states, self.owner),
+        )
         return [_row(r) for r in rows]
 
     def counts(self) -> dict[str, int]:
-        with self._lock:
-            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
-        return {r[0]: r[1] for r in rows}
+        rows = self.db.fetchall("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
+        return {r["state"]: int(r["n"]) for r in rows}
 
 
-def _row(row: sqlite3.Row) -> dict[str, Any]:
+def _row(row: dict[str, Any]) -> dict[str, Any]:
     d = dict(row)
     for key in ("config", "progress", "metrics"):
         d[key] = json.loads(d[key]) if d[key] else None
@@ -210,12 +198,15 @@ class JobManager:
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.store = JobStore(settings.jobs_db_path)
+        self.store = JobStore(
+            Database(settings.jobs_database_url), settings.resolved_replica_name()
+        )
         self._ctx = mp.get_context("spawn")
         self._running: dict[str, _Running] = {}
         self._lock = threading.RLock()
         self._closed = False
         self.on_finished: list[Any] = []
+        self.reviews: Any = None  # service.reviews.ReviewStore when the review queue is on
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -284,7 +275,11 @@ class JobManager:
         root = self.settings.data_root.resolve()
         config["data_root"] = str(root)
         dataset = config.get("dataset")
-        if isinstance(dataset, str) and dataset.startswith("imagefolder:"):
+        if dataset in ("reviews", "reviews+mnist-bundled"):
+            folder = self._export_reviews(root)
+            mix = dataset.removeprefix("reviews")
+            config["dataset"] = f"imagefolder:{folder}{mix}"
+        elif isinstance(dataset, str) and dataset.startswith("imagefolder:"):
             rel = dataset.split(":", 1)[1]
             path = (root / rel).resolve()
             if path != root and root not in path.parents:
@@ -296,6 +291,29 @@ class JobManager:
                 raise InvalidValue(f"dataset path {rel!r} is not a directory under {str(root)!r}")
             config["dataset"] = f"imagefolder:{path}"
         return config
+
+    def _export_reviews(self, root: Path) -> Path:
+        """Write the human-labelled review items as an ImageFolder under the data root (a new
+        folder per job, so a job trains on the labels as they were when it was submitted)."""
+        from service.decode import to_png
+
+        if self.reviews is None:
+            raise InvalidValue(
+                "dataset 'reviews' needs the review queue: start the server with VGE_REVIEW_QUEUE=on"
+            )
+        folder = root / "reviews" / (time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+        n = 0
+        for label, sha, data, ctype in self.reviews.reviewed():
+            target = folder / label / f"{sha}.png"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data if ctype == "image/png" else to_png(data))
+            n += 1
+        if n == 0:
+            raise InvalidValue(
+                "dataset 'reviews' has nothing to train on: no review item is labelled yet"
+            )
+        log.info("exported %d reviewed images to %s", n, folder)
+        return folder
 
     def get(self, job_id: str) -> dict[str, Any]:
         job = self.store.get(job_id)

@@ -33,6 +33,11 @@ BATCH_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 12
 UNCERTAINTY_BUCKETS: tuple[float, ...] = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0,
 )  # fmt: skip
+#: Queued → labelled: a minute to a month.
+REVIEW_BUCKETS: tuple[float, ...] = (
+    60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400,
+    30 * 86400,
+)  # fmt: skip
 LOAD_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 JOB_STATES: tuple[str, ...] = (
@@ -169,6 +174,34 @@ class Metrics:
             ["model"],
             registry=r,
             multiprocess_mode="livemax",
+        )
+        # --- human review (service.reviews) ---------------------------------------------------
+        self.review_queue_depth = Gauge(
+            "vge_review_queue_depth",
+            "Items waiting for a human label (pending), by model; read from the queue's database.",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.reviews = Counter(
+            "vge_reviews",
+            "Items reviewed by a human, by whether the label agrees with the model, or skipped.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.review_latency = Histogram(
+            "vge_review_latency_seconds",
+            "Time from queueing to a human label or skip.",
+            ["model"],
+            buckets=REVIEW_BUCKETS,
+            registry=r,
+        )
+        self.review_enqueued = Counter(
+            "vge_review_enqueue",
+            "Images sent to the review queue, by result (queued, already_queued, queue_full, "
+            "error).",
+            ["model", "status"],
+            registry=r,
         )
         self.worker_restarts = Counter(
             "vge_process_restarts",

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from models.serving import ScoreOptions, resolve_options
-from service.errors import InvalidValue, NotFound, NotReady
+from service.db import Database
+from service.errors import Conflict, InvalidValue, NotFound, NotReady
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -159,12 +160,73 @@ def _load_sync(model_dir: Path, device: str, generation: int, compile_: bool) ->
     return LoadedModel(predictor, Path(model_dir), _describe(predictor, generation, device))
 
 
+_HISTORY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS model_history (
+    id TEXT PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL,
+    replica TEXT NOT NULL,
+    action TEXT NOT NULL,
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    model_dir TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS model_history_replica_at ON model_history (replica, at)
+"""
+
+
+class ModelHistory:
+    """Every model this replica served, in order (start, promote, reload, rollback), durably.
+
+    The shipped models, models under models_root and job models alike: rolling back needs only the
+    directory, so any earlier entry can be served again (while its directory exists).
+    """
+
+    def __init__(self, db: Database, replica: str) -> None:
+        self.db = db
+        self.replica = replica
+        db.script(_HISTORY_SCHEMA)
+
+    def record(self, action: str, info: ModelInfo, model_dir: Path) -> None:
+        import uuid
+
+        self.db.execute(
+            "INSERT INTO model_history (id, at, replica, action, model, version, model_dir) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (uuid.uuid4().hex[:16], time.time(), self.replica, action, info.name, info.version,
+             str(Path(model_dir).resolve())),
+        )  # fmt: skip
+
+    def entries(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Newest first."""
+        return self.db.fetchall(
+            "SELECT * FROM model_history WHERE replica = ? ORDER BY at DESC, id DESC LIMIT ?",
+            (self.replica, limit),
+        )
+
+    def target(self, entry_id: str | None) -> dict[str, Any]:
+        """The entry to roll back to: ``entry_id``, else the one before the latest (undo)."""
+        if entry_id is not None:
+            row = self.db.fetchone(
+                "SELECT * FROM model_history WHERE id = ? AND replica = ?", (entry_id, self.replica)
+            )
+            if row is None:
+                raise NotFound(f"no model history entry {entry_id!r} on this replica")
+            return row
+        entries = self.entries(2)
+        if len(entries) < 2:
+            raise Conflict("nothing to roll back to: this replica has served only one model")
+        return entries[1]
+
+
 class ModelManager:
     """Holds the served model (and the previous generation); swaps atomically."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, history: ModelHistory | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.history = history
         self._current: LoadedModel | None = None
         self._previous: LoadedModel | None = None
         self._generation = 0
@@ -186,8 +248,9 @@ class ModelManager:
             headers={"Retry-After": "1"},
         )
 
-    async def load(self, model_dir: Path) -> LoadedModel:
-        """Load and verify ``model_dir`` off the event loop, then swap it in."""
+    async def load(self, model_dir: Path, action: str = "load") -> LoadedModel:
+        """Load and verify ``model_dir`` off the event loop, then swap it in (and record it in the
+        history as ``action``)."""
         async with self._lock:
             t0 = time.perf_counter()
             loaded = await asyncio.to_thread(
@@ -200,6 +263,8 @@ class ModelManager:
             self._generation += 1
             self.metrics.model_load.labels(model=loaded.info.name).observe(time.perf_counter() - t0)
             self._previous, self._current = self._current, loaded
+            if self.history is not None:
+                await asyncio.to_thread(self.history.record, action, loaded.info, model_dir)
             old = self._previous
             log.info(
                 "serving %s %s from %s on %s%s",
@@ -212,13 +277,13 @@ class ModelManager:
     async def load_initial(self) -> LoadedModel:
         """Load the configured model (``model_dir``: a directory or a zoo model's name; else the
         shipped default)."""
-        return await self.load(resolve_model_dir(self.settings.model_dir))
+        return await self.load(resolve_model_dir(self.settings.model_dir), "start")
 
     async def reload(self) -> LoadedModel:
         """Load the served model's directory again (e.g. after its files changed)."""
         if self._current is None:
             raise NotReady("no model is loaded yet")
-        return await self.load_checked(self._current.model_dir)
+        return await self.load_checked(self._current.model_dir, "reload")
 
     def resolve(self, name: str) -> Path:
         """A model directory under ``models_root`` by name (no paths, no traversal)."""
@@ -243,11 +308,18 @@ class ModelManager:
 
     async def promote(self, name: str) -> LoadedModel:
         """Load ``models_root/name`` and serve it."""
-        return await self.load_checked(self.resolve(name))
+        return await self.load_checked(self.resolve(name), "promote")
 
-    async def load_checked(self, path: Path) -> LoadedModel:
+    async def rollback(self, entry_id: str | None) -> LoadedModel:
+        """Serve an earlier model of the history again (default: the one before the current)."""
+        if self.history is None:
+            raise NotReady("this server keeps no model history")
+        entry = await asyncio.to_thread(self.history.target, entry_id)
+        return await self.load_checked(Path(entry["model_dir"]), "rollback")
+
+    async def load_checked(self, path: Path, action: str = "load") -> LoadedModel:
         try:
-            return await self.load(path)
+            return await self.load(path, action)
         except (ValueError, FileNotFoundError, OSError) as exc:  # CheckpointError is a ValueError
             raise InvalidValue(
                 f"model at {path.name!r} failed to load and was not served: {exc}"

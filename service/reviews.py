@@ -159,9 +159,11 @@ class ReviewStore:
         now = time.time() if now is None else now
         classes_json = json.dumps(list(classes))
         out = []
-        for data, answer in zip(images, answers, strict=True):
+        for i, (data, answer) in enumerate(zip(images, answers, strict=True)):
             sha = self.blobs.put(data)
-            out.append(self._insert(model, model_version, classes_json, sha, data, answer, now))
+            # A microsecond apart: "oldest first" keeps a request's images in their order.
+            at = now + i * 1e-6
+            out.append(self._insert(model, model_version, classes_json, sha, data, answer, at))
         return out
 
     def _insert(
@@ -421,3 +423,56 @@ class ReviewStore:
             if not still:
                 self.blobs.delete(r["sha256"])
         return deleted
+
+
+ReviewPolicy = Literal["auto", "always", "never"]
+
+
+def chosen_for_review(policy: ReviewPolicy, records: Sequence[dict[str, Any]]) -> list[int]:
+    """Indices of the answers to queue: ``auto`` the abstained ones, ``always`` all, ``never``
+    none."""
+    if policy == "always":
+        return list(range(len(records)))
+    if policy == "auto":
+        return [i for i, r in enumerate(records) if r["abstain"]]
+    return []
+
+
+def queue_answers(
+    store: ReviewStore,
+    metrics: Any,
+    *,
+    model: str,
+    model_version: str,
+    classes: Sequence[str],
+    policy: ReviewPolicy,
+    blobs: Sequence[bytes],
+    records: list[dict[str, Any]],
+) -> None:
+    """Queue the chosen images and mark their answers with ``review_id`` and ``review_status``.
+
+    Runs in a thread (file and database writes). A failure to store never fails the prediction:
+    the answer says ``review_status: "error"`` and the failure is logged and counted.
+    """
+    import logging
+
+    chosen = chosen_for_review(policy, records)
+    if not chosen:
+        return
+    try:
+        results = store.enqueue(
+            model=model,
+            model_version=model_version,
+            classes=classes,
+            images=[blobs[i] for i in chosen],
+            answers=[records[i] for i in chosen],
+        )
+    except Exception:  # noqa: BLE001 - the prediction itself succeeded; say so, keep serving
+        logging.getLogger("vge.reviews").exception(
+            "review queue: storing %d images failed", len(chosen)
+        )
+        results = [Enqueued(None, "error")] * len(chosen)
+    for i, res in zip(chosen, results, strict=True):
+        records[i]["review_id"] = res.review_id
+        records[i]["review_status"] = res.status
+        metrics.review_enqueued.labels(model=model, status=res.status).inc()

@@ -99,8 +99,48 @@ class Settings(BaseSettings):
         None, description="Key for training and model-admin endpoints; unset disables them."
     )
 
+    # --- durable state ---------------------------------------------------------------------
+    db_url: str | None = Field(
+        None,
+        description="One database for the review queue, training-job history and promotion "
+        "history: postgresql://user:pass@host/db lets several replicas share them; unset: SQLite "
+        "files (jobs_db_url, review_dir/reviews.sqlite3).",
+    )
+
+    replica_name: str | None = Field(
+        None,
+        description="This replica's name in the shared database (its training jobs and model "
+        "history); default: the host name. Give replicas on one host distinct names.",
+    )
+
+    # --- human review ------------------------------------------------------------------------
+    review_queue: Literal["on", "off"] = Field(
+        "off", description="Queue predictions for human review (POST /v1/predict?review=...)."
+    )
+    review_dir: Path = Field(
+        Path("var/reviews"),
+        description="Queued images (content-addressed by sha256) and, without db_url, the "
+        "queue's SQLite file. Replicas sharing one PostgreSQL queue must share this directory.",
+    )
+    review_max_items: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
+        10_000, description="Pending items at most; a full queue answers review_status queue_full."
+    )
+    review_lease_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = Field(
+        300.0, description="How long a claimed item is held for one reviewer."
+    )
+    review_retention_days: Annotated[float, Field(ge=0.0, le=36_500.0)] = Field(
+        90.0, description="Delete reviewed/skipped items (rows and images) this old; 0: keep."
+    )
+    reviewer_key: SecretStr | None = Field(
+        None,
+        description="Key for the review API and page (the api_key works too); unset both: off.",
+    )
+
     # --- training jobs -----------------------------------------------------------------------
-    jobs_db_url: str = Field("sqlite:///var/jobs.sqlite3", description="sqlite:///path")
+    jobs_db_url: str = Field(
+        "sqlite:///var/jobs.sqlite3",
+        description="sqlite:///path of the job and promotion history (when db_url is unset).",
+    )
     jobs_dir: Path = Field(Path("var/jobs"), description="Per-job logs.")
     data_root: Path = Field(Path("var/data"), description="Root for datasets (ImageFolder, cache).")
     max_concurrent_jobs: Annotated[int, Field(ge=1, le=64)] = 1
@@ -127,11 +167,28 @@ class Settings(BaseSettings):
 
     @field_validator("jobs_db_url")
     @classmethod
-    def _check_db_url(cls, v: str) -> str:
+    def _check_jobs_db_url(cls, v: str) -> str:
         if not v.startswith("sqlite:///") or len(v) <= len("sqlite:///"):
             raise ValueError(
                 f"jobs_db_url {v!r} is not supported; use sqlite:///relative/path.sqlite3 or "
-                "sqlite:////absolute/path.sqlite3 (VGE_JOBS_DB_URL / --jobs-db-url)"
+                "sqlite:////absolute/path.sqlite3 (VGE_JOBS_DB_URL / --jobs-db-url), or set "
+                "VGE_DB_URL=postgresql://... for a shared database"
+            )
+        return v
+
+    @field_validator("db_url")
+    @classmethod
+    def _check_db_url(cls, v: str | None) -> str | None:
+        from service.db import check_url
+
+        return None if v is None else check_url(v, "db_url (VGE_DB_URL / --db-url)")
+
+    @field_validator("reviewer_key")
+    @classmethod
+    def _check_reviewer_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < 8:
+            raise ValueError(
+                "reviewer_key is shorter than 8 characters; set VGE_REVIEWER_KEY to a longer secret"
             )
         return v
 
@@ -178,9 +235,24 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def jobs_db_path(self) -> Path:
-        """Filesystem path of the SQLite job store."""
-        return Path(self.jobs_db_url[len("sqlite:///") :])
+    def jobs_database_url(self) -> str:
+        """Where job and promotion history live: ``db_url``, else ``jobs_db_url``."""
+        return self.db_url or self.jobs_db_url
+
+    @property
+    def reviews_database_url(self) -> str:
+        """Where the review queue lives: ``db_url``, else ``review_dir/reviews.sqlite3``."""
+        return self.db_url or f"sqlite:///{self.review_dir / 'reviews.sqlite3'}"
+
+    def resolved_replica_name(self) -> str:
+        """``replica_name``, else this host's name."""
+        import socket
+
+        return self.replica_name or socket.gethostname()
+
+    @property
+    def review_enabled(self) -> bool:
+        return self.review_queue == "on"
 
     @property
     def max_queue_delay_s(self) -> float:

@@ -35,6 +35,11 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("max_images", int, "images per request (VGE_MAX_IMAGES; default 64)"),
     ("decode_workers", int, "image decoding threads (VGE_DECODE_WORKERS; default 4)"),
     ("torch_threads", int, "torch intra-op threads, 0 = default (VGE_TORCH_THREADS)"),
+    ("db_url", str, "shared database postgresql://... for reviews, jobs, promotions (VGE_DB_URL)"),
+    ("review_queue", str, "on/off: queue predictions for human review (VGE_REVIEW_QUEUE; off)"),
+    ("review_dir", Path, "queued images and the queue's SQLite file (VGE_REVIEW_DIR)"),
+    ("review_max_items", int, "pending review items at most (VGE_REVIEW_MAX_ITEMS; 10000)"),
+    ("review_retention_days", float, "delete closed reviews this old (VGE_REVIEW_RETENTION_DAYS)"),
     ("jobs_db_url", str, "job store, sqlite:///path (VGE_JOBS_DB_URL)"),
     ("jobs_dir", Path, "job logs (VGE_JOBS_DIR)"),
     ("data_root", Path, "dataset root for training jobs (VGE_DATA_ROOT)"),
@@ -55,8 +60,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "Every flag also reads from the VGE_<NAME> environment variable; flags win.",
     )
     for name, typ, help_text in _FLAGS:
+        # `--review-queue` alone means on (the spelling); `--review-queue off` also works.
+        extra: dict[str, Any] = {"nargs": "?", "const": "on"} if name == "review_queue" else {}
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
-                       help=help_text)  # fmt: skip
+                       help=help_text, **extra)  # fmt: skip
     p.set_defaults(func=run, handler=run)
     return p
 

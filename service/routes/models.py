@@ -6,9 +6,9 @@ end learns the new model from the engine.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.auth import ApiKey
@@ -16,7 +16,9 @@ from service.deps import State
 from service.routes.schemas import error_responses
 
 router = APIRouter(
-    prefix="/v1/models", tags=["models"], responses=error_responses(400, 401, 403, 404, 422, 503)
+    prefix="/v1/models",
+    tags=["models"],
+    responses=error_responses(400, 401, 403, 404, 409, 422, 503),
 )
 
 
@@ -65,6 +67,32 @@ async def promote_model(body: PromoteRequest, _: ApiKey, state: State) -> dict[s
     else:
         described = await state.engine.call("models.promote", name=body.model)
     return {"status": "promoted", "model": described}
+
+
+class RollbackRequest(BaseModel):
+    """Which earlier model to serve again: a history entry's id; none: the one before the current."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    to: str | None = Field(None, min_length=1, max_length=64, description="A history entry id.")
+
+
+@router.get("/history")
+async def model_history(
+    _: ApiKey, state: State, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> dict[str, Any]:
+    """Every model this replica served (start, promote, reload, rollback), newest first."""
+    return {"history": await state.engine.call("models.history", limit=limit)}
+
+
+@router.post("/rollback")
+async def rollback_model(
+    _: ApiKey, state: State, body: Annotated[RollbackRequest | None, Body()] = None
+) -> dict[str, Any]:
+    """Serve an earlier model again (load-then-swap): the history entry ``to``, else undo the last
+    change. The shipped models and job models alike; 409 when there is nothing to roll back to."""
+    to = body.to if body is not None else None
+    return {"status": "rolled_back", "model": await state.engine.call("models.rollback", to=to)}
 
 
 @router.get("/{name}")

@@ -12,9 +12,10 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from service.decode import b64_images, multipart_images
-from service.deps import State
+from service.deps import ServiceState, State
 from service.errors import BadInput, InvalidValue
 from service.inference import predict_images, resolve_options
+from service.reviews import ReviewPolicy, chosen_for_review, queue_answers
 from service.routes.schemas import (
     PredictJSON,
     PredictOptions,
@@ -114,15 +115,32 @@ async def predict(
     options = resolve_options(
         state, model, abstain_k=opts.abstain_k, vgmu_on=opts.vgmu_on, top_k=opts.top_k
     )
+    review = _review_policy(state, opts.review)
     columns = await predict_images(state, model, blobs, options, opts.timeout_s)
     # Plain floats, ints, bools and strings built by ScoreColumns.records: json.dumps (C) encodes
     # them directly; validating them through a pydantic response model cost ~10 % of a request.
-    body = {
-        "model": model.name,
-        "model_version": model.version,
-        "results": columns.records(list(model.class_names), options.abstain_k),
-    }
+    records = columns.records(list(model.class_names), options.abstain_k)
+    queue = state.reviews if review != "never" else None
+    if queue is not None and chosen_for_review(review, records):  # off the loop: file + DB writes
+        await asyncio.to_thread(
+            queue_answers, queue, state.metrics, model=model.name, model_version=model.version,
+            classes=model.class_names, policy=review, blobs=blobs, records=records,
+        )  # fmt: skip
+    body = {"model": model.name, "model_version": model.version, "results": records}
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
+def _review_policy(state: ServiceState, asked: str | None) -> ReviewPolicy:
+    """The request's review policy: ``auto`` by default when the queue is on, else ``never``; asking
+    for a queue that is off is a 422 (the images would silently not reach a human)."""
+    if state.reviews is None:
+        if asked in ("auto", "always"):
+            raise InvalidValue(
+                f"review={asked} but the review queue is off: start the server with "
+                "VGE_REVIEW_QUEUE=on, or leave review out"
+            )
+        return "never"
+    return asked or "auto"  # type: ignore[return-value]
 
 
 def _score(body: ScoreRequest) -> list[dict[str, Any]]:

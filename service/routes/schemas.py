@@ -32,6 +32,11 @@ class PredictOptions(BaseModel):
         "or p (raw; default otherwise). q on a model without a gate is a 422.",
     )
     timeout_s: TimeoutS | None = None
+    review: Literal["auto", "always", "never"] | None = Field(
+        None,
+        description="Human review queue (VGE_REVIEW_QUEUE=on): auto (default) queues the images "
+        "whose answer abstains, always every image, never none. Queued answers carry review_id.",
+    )
 
 
 class PredictJSON(PredictOptions):
@@ -52,7 +57,7 @@ _ERROR_TEXT = {
     401: "Missing API key.",
     403: "Wrong API key, or the endpoint is disabled (no key configured).",
     404: "Unknown model, version or job.",
-    409: "The job is not in a state that allows this.",
+    409: "Not in a state that allows this (a finished job, a reviewed item, one held by another reviewer, nothing to roll back to).",
     413: "Payload, image or image count over a configured limit.",
     422: "A value out of range or of the wrong type.",
     503: "Queue full, engine (re)starting or server draining; see Retry-After.",
@@ -83,6 +88,15 @@ class Prediction(BaseModel):
     eu: float
     abstain: bool
     abstain_k: float
+    review_id: str | None = Field(
+        None, description="The review item of a queued image (absent when it was not sent)."
+    )
+    review_status: Literal["queued", "already_queued", "queue_full", "error"] | None = Field(
+        None,
+        description="Why review_id is what it is: queued; already_queued (the same image is "
+        "pending for this model: its id); queue_full (VGE_REVIEW_MAX_ITEMS reached, not "
+        "queued); error (not stored; the prediction stands).",
+    )
 
 
 class PredictResponse(BaseModel):

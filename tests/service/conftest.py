@@ -88,6 +88,7 @@ def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> S
             "VGE_JOBS_DIR": str(workdir / "jobs"),
             "VGE_MODELS_ROOT": str(workdir / "models"),
             "VGE_DATA_ROOT": str(workdir / "data"),
+            "VGE_REVIEW_DIR": str(workdir / "reviews"),
             "VGE_TORCH_THREADS": "1",
             "VGE_DECODE_WORKERS": "2",
             "VGE_LOG_LEVEL": "warning",

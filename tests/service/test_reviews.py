@@ -1,0 +1,244 @@
+"""The human review queue over HTTP, against real ``vge serve`` processes.
+
+Auth, queueing policies, duplicates, a full queue, bad labels, stats, export, metrics, restart
+persistence with retention, and two replicas sharing one real PostgreSQL queue.
+"""
+
+from __future__ import annotations
+
+import io
+import signal
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import API_KEY, Server, start_server
+
+REVIEWER_KEY = "reviewer-key-0123"
+R = {"Authorization": f"Bearer {REVIEWER_KEY}"}
+A = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def files(pngs: list[bytes]) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs)]
+
+
+def predict(srv: Server, pngs: list[bytes], **params: object) -> list[dict]:
+    r = httpx.post(srv.url + "/v1/predict", params=params, files=files(pngs), timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["results"]
+
+
+@pytest.fixture(scope="module")
+def review_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("reviews")
+    srv = start_server(
+        work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY, api_key=API_KEY,
+        review_max_items=6, workers=2,
+    )  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def test_review_api_needs_a_key(review_server: Server, pngs: list[bytes]) -> None:
+    url = review_server.url + "/v1/reviews"
+    assert httpx.get(url).status_code == 401
+    wrong = httpx.get(url, headers={"Authorization": "Bearer not-the-key"})
+    assert wrong.status_code == 403 and "wrong reviewer key" in wrong.json()["error"]
+    assert httpx.get(url, headers=R).status_code == 200
+    assert httpx.get(url, headers=A).status_code == 200  # the admin key works too
+    page = httpx.get(review_server.url + "/review")
+    assert page.status_code == 200 and "Reviewer key" in page.text
+
+
+def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> None:
+    srv = review_server
+    # never: nothing queued, no review fields in the answer
+    (never,) = predict(srv, pngs[:1], review="never", abstain_k=100)
+    assert never["abstain"] and "review_id" not in never
+    # auto (the default): only abstaining answers are queued
+    accepted = predict(srv, pngs[:2], abstain_k=0)
+    assert all(not r["abstain"] and "review_id" not in r for r in accepted)
+    queued = predict(srv, pngs[:3], abstain_k=100)
+    assert [r["review_status"] for r in queued] == ["queued"] * 3
+    # the same image again: the same pending item
+    again = predict(srv, pngs[:1], review="always", abstain_k=0)
+    assert again[0]["review_status"] == "already_queued"
+    assert again[0]["review_id"] == queued[0]["review_id"]
+    # full at 6 pending items: refused, the prediction still answered
+    more = predict(srv, pngs[3:8], review="always")
+    assert [r["review_status"] for r in more] == ["queued"] * 3 + ["queue_full"] * 2
+    assert more[-1]["review_id"] is None and "label" in more[-1]
+
+    c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
+    listing = c.get("/v1/reviews", params={"limit": 4}).json()
+    assert len(listing["reviews"]) == 4 and listing["next_cursor"]
+    rest = c.get("/v1/reviews", params={"cursor": listing["next_cursor"]}).json()
+    ids = [x["id"] for x in listing["reviews"] + rest["reviews"]]
+    assert len(ids) == 6 and ids[0] == queued[0]["review_id"] and rest["next_cursor"] is None
+    by_vgmu = c.get("/v1/reviews", params={"order": "vgmu"}).json()["reviews"]
+    vgmus = [x["answer"]["vgmu"] for x in by_vgmu]
+    assert vgmus == sorted(vgmus)
+
+    first = c.get(f"/v1/reviews/{ids[0]}").json()
+    answer = first["answer"]
+    assert first["state"] == "pending" and answer["model"] == "tiny"
+    for key in ("model_version", "prediction", "label", "probabilities", "vgmu", "snr", "tu",
+                "au", "eu", "abstain_k"):  # fmt: skip
+        assert key in answer, key
+    image = c.get(f"/v1/reviews/{ids[0]}/image")
+    assert image.content == pngs[0] and image.headers["content-type"] == "image/png"
+
+    bad = c.post(f"/v1/reviews/{ids[0]}", json={"label": "cat", "reviewer": "ann"})
+    assert bad.status_code == 422 and "'cat' is not a class" in bad.json()["error"]
+    assert c.post("/v1/reviews/nope", json={"label": "3", "reviewer": "ann"}).status_code == 404
+    predicted = answer["label"]
+    other = "1" if predicted != "1" else "2"
+    ok = c.post(f"/v1/reviews/{ids[0]}", json={"label": predicted, "reviewer": "ann"})
+    assert ok.status_code == 200 and ok.json()["state"] == "reviewed"
+    twice = c.post(f"/v1/reviews/{ids[0]}", json={"label": predicted, "reviewer": "ann"})
+    assert twice.status_code == 409
+    c.post(f"/v1/reviews/{ids[1]}", json={"label": other, "reviewer": "bob"}).raise_for_status()
+    c.post(f"/v1/reviews/{ids[2]}/skip", json={"reviewer": "bob"}).raise_for_status()
+
+    stats = c.get("/v1/reviews/stats").json()
+    assert stats["counts"] == {"pending": 3, "reviewed": 2, "skipped": 1}
+    label_1 = c.get(f"/v1/reviews/{ids[1]}").json()["answer"]["label"]
+    assert stats["agreement"] == pytest.approx((1 + (label_1 == other)) / 2)
+    assert stats["median_time_to_review_s"] >= 0
+
+    with tarfile.open(fileobj=io.BytesIO(c.get("/v1/reviews/export").content)) as tar:
+        names = sorted(tar.getnames())
+        assert len(names) == 2 and f"{predicted}/{first['sha256']}.png" in names
+        member = tar.extractfile(f"{predicted}/{first['sha256']}.png")
+        assert member is not None and member.read() == pngs[0]
+
+    assert srv.metric("vge_reviews_total", outcome="skipped") == 1
+    agree = srv.metric("vge_reviews_total", outcome="agree")
+    assert agree + srv.metric("vge_reviews_total", outcome="disagree") == 2
+    assert srv.metric("vge_review_latency_seconds_count") == 3
+    assert srv.metric("vge_review_enqueue_total", status="queue_full") == 2
+    deadline = time.monotonic() + 10
+    while srv.metric("vge_review_queue_depth", model="tiny") != 3:
+        assert time.monotonic() < deadline, "queue depth gauge never showed 3 pending"
+        time.sleep(0.3)
+
+
+def test_review_off_refuses_review_requests(server: Server, pngs: list[bytes]) -> None:
+    r = httpx.post(server.url + "/v1/predict?review=always", files=files(pngs[:1]))
+    assert r.status_code == 422 and "VGE_REVIEW_QUEUE=on" in r.json()["error"]
+    (plain,) = predict(server, pngs[:1])
+    assert "review_id" not in plain
+    off = httpx.get(server.url + "/v1/reviews", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert off.status_code == 404 and "review queue is off" in off.json()["error"]
+
+
+def test_queue_survives_restart_and_retention_runs(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes]
+) -> None:
+    work = tmp_path_factory.mktemp("review-restart")
+    srv = start_server(work, tiny_model, review_queue="on", workers=1)
+    try:
+        # No key configured at all: the review API is disabled, the queue still fills.
+        denied = httpx.get(srv.url + "/v1/reviews", headers=R)
+        assert denied.status_code == 403 and "disabled" in denied.json()["error"]
+        ids = [r["review_id"] for r in predict(srv, pngs[10:13], review="always")]
+        srv.stop()
+        srv = start_server(work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY)
+        c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
+        pending = [x["id"] for x in c.get("/v1/reviews").json()["reviews"]]
+        assert pending == ids
+        c.post(f"/v1/reviews/{ids[0]}", json={"label": "3", "reviewer": "ann"}).raise_for_status()
+        srv.stop(signal.SIGKILL)  # even killed: the label was committed
+        time.sleep(1.0)
+        # Retention of ~0.4 s: the reviewed item (and its image) goes at start-up, pending stay.
+        srv = start_server(
+            work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY,
+            review_retention_days=0.4 / 86400,
+        )  # fmt: skip
+        c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
+        deadline = time.monotonic() + 15
+        while c.get(f"/v1/reviews/{ids[0]}").status_code != 404:
+            assert time.monotonic() < deadline, "retention never deleted the reviewed item"
+            time.sleep(0.3)
+        assert [x["id"] for x in c.get("/v1/reviews").json()["reviews"]] == ids[1:]
+        assert c.get(f"/v1/reviews/{ids[1]}/image").content == pngs[11]
+        blobs = [p.name for p in (work / "reviews" / "blobs").rglob("*") if p.is_file()]
+        assert len(blobs) == 2
+    finally:
+        srv.stop()
+
+
+def test_two_replicas_share_one_postgres_queue(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes], pg_database
+) -> None:
+    url = pg_database()
+    work = tmp_path_factory.mktemp("replicas")
+    common = {"review_queue": "on", "reviewer_key": REVIEWER_KEY, "db_url": url, "workers": 1}
+    a = start_server(work / "a", tiny_model, replica_name="a", review_dir=work / "shared", **common)
+    b = start_server(work / "b", tiny_model, replica_name="b", review_dir=work / "shared", **common)
+    try:
+        predict(a, pngs[:12], review="always")
+        predict(b, pngs[12:24], review="always")
+        dup = predict(b, pngs[:1], review="always")  # queued on a: the same pending item
+        assert dup[0]["review_status"] == "already_queued"
+        stats = httpx.get(a.url + "/v1/reviews/stats", headers=R).json()
+        assert stats["counts"]["pending"] == 24
+
+        # One claim on each replica: two different items, each held by its reviewer.
+        held = [
+            httpx.post(srv.url + "/v1/reviews/claim", json={"reviewer": who}, headers=R).json()
+            for srv, who in ((a, "ann"), (b, "bob"))
+        ]
+        assert held[0]["review"]["id"] != held[1]["review"]["id"]
+        assert held[1]["review"]["claimed_by"] == "bob" and held[1]["pending"] == 24
+        taken = httpx.post(
+            f"{b.url}/v1/reviews/{held[0]['review']['id']}", headers=R,
+            json={"label": "3", "reviewer": "bob"},
+        )  # fmt: skip
+        assert taken.status_code == 409 and "claimed by 'ann'" in taken.json()["error"]
+        for srv, who, h in ((a, "ann", held[0]), (b, "bob", held[1])):
+            httpx.post(f"{srv.url}/v1/reviews/{h['review']['id']}/skip", headers=R,
+                       json={"reviewer": who}).raise_for_status()  # fmt: skip
+
+        handed: list[tuple[str, str]] = []
+        lock = threading.Lock()
+
+        errors: list[str] = []
+
+        def reviewer(name: str, srv: Server) -> None:
+            with httpx.Client(base_url=srv.url, headers=R, timeout=30) as c:
+                while True:
+                    r = c.post("/v1/reviews/claim", json={"reviewer": name})
+                    if r.status_code != 200:
+                        errors.append(f"{name}: claim {r.status_code} {r.text}")
+                        return
+                    item = r.json()["review"]
+                    if item is None:
+                        return
+                    with lock:
+                        handed.append((item["id"], name))
+                    r = c.post(f"/v1/reviews/{item['id']}", json={"label": "3", "reviewer": name})
+                    if r.status_code != 200:
+                        errors.append(f"{name}: label {r.status_code} {r.text}")
+
+        threads = [
+            threading.Thread(target=reviewer, args=(f"r{i}", (a, b)[i % 2])) for i in range(6)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        ids = [i for i, _ in handed]
+        assert len(ids) == 22 and len(set(ids)) == 22, "an item was handed to two reviewers"
+        stats = httpx.get(b.url + "/v1/reviews/stats", headers=R).json()
+        assert stats["counts"] == {"pending": 0, "reviewed": 22, "skipped": 2}
+    finally:
+        a.stop()
+        b.stop()
