@@ -16,11 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 __all__ = [
+    "ArchitectureSpec",
     "CARD_FILE",
     "WEIGHTS_FILE",
     "CheckpointError",
@@ -40,21 +50,100 @@ class CheckpointError(ValueError):
     """A model directory is missing a file, is malformed, or its weights fail verification."""
 
 
-class ModelCard(BaseModel):
-    """Description of a trained model; JSON-serialised next to its weights."""
+class ArchitectureSpec(BaseModel):
+    """An ensemble's architecture: with the data's class count and input channels, everything
+    :func:`models.ensembles.build_ensemble` needs.
+
+    One definition shared by :class:`models.training.TrainConfig` (what to train) and
+    :class:`ModelCard` (what was trained), so a config and the card of the model it produced name
+    and validate the architecture alike. ``k`` is the *fixed* VGN gate sensitivity (one value, or
+    one per class); ``None`` learns a per-class ``k``. Cards write it as ``k_fixed`` (their name for
+    it since 0.1) and read either name.
+    """
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    backbone: str
+    backbone_kwargs: dict[str, Any] = Field(default_factory=dict)
+    ensemble: str = Field(description="de | lle | mcd | mcd-lle")
+    members: int = Field(
+        ge=2, description="de/lle: M; mcd: S samples; mcd-lle: H heads (>= 2: scores need a spread)"
+    )
+    mc_samples: int = Field(10, ge=1, description="mcd-lle: S dropout samples per head")
+    vgn: bool = False
+    k: float | list[float] | None = Field(
+        None, description="fixed VGN k (one, or one per class); omit to learn per-class k"
+    )
+
+    @field_validator("backbone")
+    @classmethod
+    def _backbone(cls, v: str) -> str:
+        from models.nets import available_backbones
+
+        if v not in available_backbones():
+            raise ValueError(f"unknown backbone; available: {', '.join(available_backbones())}")
+        return v
+
+    @field_validator("ensemble")
+    @classmethod
+    def _ensemble(cls, v: str) -> str:
+        from models.ensembles.factory import normalise_kind
+
+        return normalise_kind(v)
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, v: float | list[float] | None) -> float | list[float] | None:
+        values = v if isinstance(v, list) else [] if v is None else [v]
+        if not all(x > 0 for x in values):  # NaN fails too
+            raise ValueError("must be > 0")
+        return v
+
+    @model_validator(mode="after")
+    def _architecture(self) -> ArchitectureSpec:
+        from models.ensembles.factory import VGN_KINDS
+
+        if self.vgn and self.ensemble not in VGN_KINDS:
+            raise ValueError(
+                f"vgn is only available for de and lle ensembles, not "
+                f"{self.ensemble!r} (paper Table 2)"
+            )
+        if self.k is not None and not self.vgn:
+            raise ValueError("k is only meaningful with vgn: true")
+        return self
+
+    def architecture(self) -> ArchitectureSpec:
+        """The architecture alone (from a config or a card)."""
+        return ArchitectureSpec(**{f: getattr(self, f) for f in ArchitectureSpec.model_fields})
+
+    def build(self, num_classes: int, in_channels: int) -> nn.Module:
+        """The (untrained) ensemble with this architecture."""
+        from models.ensembles import build_ensemble
+
+        return build_ensemble(
+            self.ensemble,
+            self.backbone,
+            num_classes,
+            self.members,
+            self.vgn,
+            in_channels,
+            backbone_kwargs=self.backbone_kwargs,
+            k=self.k,
+            mc_samples=self.mc_samples,
+        )
+
+
+#: Fields a card writes before its architecture (the card's key order since 0.1).
+_CARD_HEAD = ("name", "version", "description")
+
+
+class ModelCard(ArchitectureSpec):
+    """Description of a trained model (its :class:`ArchitectureSpec`, data, provenance, metrics);
+    JSON-serialised next to its weights."""
 
     name: str
     version: str = "1.0.0"
     description: str = ""
-    backbone: str
-    backbone_kwargs: dict[str, Any] = Field(default_factory=dict)
-    ensemble: str  # "de" | "lle" | "mcd" | "mcd-lle"
-    members: int  # de/lle: M; mcd: S samples; mcd-lle: H heads
-    mc_samples: int = 10  # mcd-lle only: S dropout samples per head
-    vgn: bool = False
-    k_fixed: float | list[float] | None = None  # fixed VGN k; None = learned per class
     class_names: list[str]
     in_channels: int
     input_size: tuple[int, int]  # (H, W)
@@ -70,6 +159,34 @@ class ModelCard(BaseModel):
     training: dict[str, Any] = Field(default_factory=dict)
     weights_sha256: str = ""
     created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _card_names(cls, data: Any) -> Any:
+        """Cards name the fixed VGN k ``k_fixed``; accept it (and ``k``) as the spec's ``k``."""
+        if isinstance(data, dict) and "k_fixed" in data:
+            if "k" in data:
+                raise ValueError("give k_fixed or k, not both")
+            data = {("k" if key == "k_fixed" else key): v for key, v in data.items()}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The card's JSON as written since 0.1: ``k`` as ``k_fixed``, name/version/description
+        first, then the architecture, then the rest."""
+        data = handler(self)
+        head = {f: data.pop(f) for f in _CARD_HEAD if f in data}
+        arch = {
+            ("k_fixed" if f == "k" else f): data.pop(f)
+            for f in ArchitectureSpec.model_fields
+            if f in data
+        }
+        return {**head, **arch, **data}
+
+    @property
+    def k_fixed(self) -> float | list[float] | None:
+        """The fixed VGN k (``None``: learned); the card's name for :attr:`ArchitectureSpec.k`."""
+        return self.k
 
     @property
     def num_classes(self) -> int:
@@ -121,19 +238,7 @@ def learned_k(module: nn.Module) -> list[float] | None:
 
 def build_from_card(card: ModelCard) -> nn.Module:
     """Rebuild the (untrained) ensemble described by ``card``."""
-    from models.ensembles import build_ensemble
-
-    return build_ensemble(
-        card.ensemble,
-        card.backbone,
-        card.num_classes,
-        card.members,
-        card.vgn,
-        card.in_channels,
-        backbone_kwargs=card.backbone_kwargs,
-        k=card.k_fixed,
-        mc_samples=card.mc_samples,
-    )
+    return card.build(card.num_classes, card.in_channels)
 
 
 def save_checkpoint(module: nn.Module, card: ModelCard, out_dir: str | Path) -> ModelCard:
