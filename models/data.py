@@ -1,4 +1,6 @@
-"""Datasets: the bundled MNIST subset, torchvision datasets by name, and ImageFolder directories.
+"""Datasets: the bundled MNIST subset, torchvision datasets by name, ImageFolder directories, and
+the bundled MNIST with an ImageFolder's images added to its training split
+(``"imagefolder:<path>+mnist-bundled"``, e.g. human-reviewed images).
 
 All loaders return a :class:`DataBundle` with train/validation/test ``Dataset`` objects yielding
 ``(x float (Cin, H, W) normalised, y int64)``, plus the metadata a model card records: class names,
@@ -24,12 +26,14 @@ __all__ = [
     "BUNDLED_MNIST_SHA256",
     "DATASET_STATS",
     "AUGMENT_AFFINE",
+    "MIXED_SUFFIX",
     "DataBundle",
     "bundled_mnist_path",
     "bundled_split",
     "load_bundled_mnist",
     "load_dataset",
     "normalise_uint8",
+    "parse_imagefolder",
     "random_affine",
 ]
 
@@ -64,6 +68,26 @@ TORCHVISION_NAMES = {
     "cifar100": "CIFAR100",
     "cifar-100": "CIFAR100",
 }
+
+
+IMAGEFOLDER_PREFIX = "imagefolder:"
+#: ``"imagefolder:<path>" + MIXED_SUFFIX``: the bundled MNIST, the folder's images added to train.
+MIXED_SUFFIX = "+mnist-bundled"
+
+
+def parse_imagefolder(name: str) -> tuple[str, bool] | None:
+    """``(path, mixed)`` of an ImageFolder dataset name, ``None`` for any other name.
+
+    ``"imagefolder:<path>"`` -> ``(path, False)``; ``"imagefolder:<path>+mnist-bundled"`` ->
+    ``(path, True)`` (the bundled MNIST with the folder's images added to its training split).
+    A name with an empty path is not an ImageFolder name.
+    """
+    if not name.startswith(IMAGEFOLDER_PREFIX):
+        return None
+    path = name[len(IMAGEFOLDER_PREFIX) :]
+    mixed = path.endswith(MIXED_SUFFIX)
+    path = path.removesuffix(MIXED_SUFFIX)
+    return (path, mixed) if path else None
 
 
 @dataclass
@@ -433,6 +457,91 @@ def _load_imagefolder(
     )
 
 
+def _read_image(path: Path) -> torch.Tensor:
+    """One image file as uint8 ``(C, H, W)``, decoded as the service decodes uploads
+    (``torchvision.io.decode_image``, unchanged mode; first frame; 16-bit scaled to 8)."""
+    from torchvision.io import ImageReadMode, decode_image, read_file
+
+    try:
+        img = decode_image(read_file(str(path)), mode=ImageReadMode.UNCHANGED)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{path}: cannot decode image: {str(e).splitlines()[0]}") from None
+    if img.ndim == 4:  # animated GIF: first frame
+        img = img[0]
+    if img.dtype != torch.uint8:  # 16-bit PNG
+        from torchvision.transforms.v2.functional import to_dtype
+
+        img = to_dtype(img, torch.uint8, scale=True)
+    return img
+
+
+def _load_mixed(path: Path, image_size: int | None, max_train_samples: int | None) -> DataBundle:
+    """The bundled MNIST (its validation and test splits and normalisation unchanged) with every
+    image of ``path/<class name>/*`` added to the training split, labelled by class *name*.
+
+    Images are decoded and conformed like served ones (grayscale, 28x28; see :func:`conform_image`)
+    and normalised with the bundled statistics. ``max_train_samples`` truncates the bundled part
+    only. Raises ``ValueError`` for a missing or empty folder or a class folder whose name is not a
+    bundled class ("0".."9").
+    """
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    if image_size is not None and image_size != 28:
+        raise ValueError(
+            f"image_size {image_size}: imagefolder:<path>{MIXED_SUFFIX} trains on the bundled "
+            "28x28 MNIST inputs; leave image_size out"
+        )
+    if not path.is_dir():
+        raise ValueError(f"ImageFolder directory {path} does not exist")
+    base = _load_mnist_bundled(max_train_samples)
+    index = {c: i for i, c in enumerate(base.class_names)}
+    folders = sorted(d for d in path.iterdir() if d.is_dir())
+    unknown = [d.name for d in folders if d.name not in index]
+    if unknown:
+        raise ValueError(
+            f"ImageFolder {path}: class folder(s) {', '.join(map(repr, unknown))} are not classes "
+            f"of mnist-bundled ({', '.join(base.class_names)})"
+        )
+    files = [
+        (f, index[d.name])
+        for d in folders
+        for f in sorted(d.iterdir())
+        if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS
+    ]
+    if not files:
+        raise ValueError(f"no images found under {path} (expected {path}/<class name>/*.png)")
+    size = base.input_size
+    images = torch.stack([conform_image(_read_image(f), base.in_channels, size) for f, _ in files])
+    labels = torch.tensor([c for _, c in files], dtype=torch.int64)
+    assert isinstance(base.train, TensorDataset)
+    x_base, y_base = base.train.tensors
+    train = TensorDataset(
+        torch.cat([x_base, normalise_uint8(images, base.mean, base.std)]),
+        torch.cat([y_base, labels]),
+    )
+    added = {
+        base.class_names[c]: int(n) for c, n in enumerate(torch.bincount(labels, minlength=10))
+    }
+    return DataBundle(
+        name=f"{IMAGEFOLDER_PREFIX}{path}{MIXED_SUFFIX}",
+        train=train,
+        val=base.val,
+        test=base.test,
+        class_names=base.class_names,
+        in_channels=base.in_channels,
+        input_size=size,
+        mean=base.mean,
+        std=base.std,
+        fingerprint=_fingerprint(
+            "imagefolder+mnist-bundled",
+            base.fingerprint,
+            "\n".join(f"{f.relative_to(path)}:{c}" for f, c in files),
+            images.numpy().tobytes(),
+        ),
+        extra={**base.extra, "added_train": len(files), "added_by_class": added},
+    )
+
+
 def load_dataset(
     name: str,
     data_root: str | Path | None = None,
@@ -441,16 +550,20 @@ def load_dataset(
     image_size: int | None = None,
 ) -> DataBundle:
     """Load ``"mnist-bundled"``, a torchvision dataset by name (``"MNIST"``, ``"FashionMNIST"``,
-    ``"SVHN"``, ``"CIFAR10"``, ``"CIFAR100"``) or ``"imagefolder:<path>"``.
+    ``"SVHN"``, ``"CIFAR10"``, ``"CIFAR100"``), ``"imagefolder:<path>"`` or
+    ``"imagefolder:<path>+mnist-bundled"`` (the bundled MNIST with the folder's images, in
+    ``<path>/<class name>/``, added to the training split; validation and test are the bundled ones).
 
     ``max_train_samples`` truncates the training split (tiny runs in tests).
     """
     if name == "mnist-bundled":
         return _load_mnist_bundled(max_train_samples)
-    if name.startswith("imagefolder:"):
-        return _load_imagefolder(
-            Path(name.split(":", 1)[1]).expanduser(), image_size, max_train_samples
-        )
+    folder = parse_imagefolder(name)
+    if folder is not None:
+        path, mixed = Path(folder[0]).expanduser(), folder[1]
+        if mixed:
+            return _load_mixed(path, image_size, max_train_samples)
+        return _load_imagefolder(path, image_size, max_train_samples)
     if name.lower() in TORCHVISION_NAMES:
         root = (
             Path(data_root).expanduser() if data_root else Path.home() / ".cache" / "vge" / "data"
@@ -458,5 +571,6 @@ def load_dataset(
         return _load_torchvision(name, root, allow_download, max_train_samples)
     raise ValueError(
         f"unknown dataset {name!r}: use 'mnist-bundled', one of "
-        f"{sorted(set(TORCHVISION_NAMES.values()))}, or 'imagefolder:<path>'"
+        f"{sorted(set(TORCHVISION_NAMES.values()))}, 'imagefolder:<path>' or "
+        f"'imagefolder:<path>{MIXED_SUFFIX}'"
     )

@@ -91,3 +91,72 @@ def test_imagefolder(tmp_path):
     assert x.shape == (3, 16, 16) and x.dtype == torch.float32 and y in (0, 1)
     assert len(b.mean) == 3 and all(0.3 < m < 0.7 for m in b.mean)
     assert b.fingerprint == load_dataset(f"imagefolder:{tmp_path}", image_size=16).fingerprint
+
+
+def _write_pngs(root, files: dict[str, int], rgb: bool = False, size=(28, 28)) -> None:
+    """``files``: class folder name -> number of random PNGs to write under it."""
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    for cls, n in files.items():
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            shape = (*size, 3) if rgb else size
+            Image.fromarray(rng.integers(0, 256, size=shape, dtype=np.uint8)).save(
+                root / cls / f"{i}.png"
+            )
+
+
+def test_imagefolder_added_to_bundled_mnist(tmp_path):
+    from PIL import Image
+
+    from models.data import conform_image, parse_imagefolder
+
+    folder = tmp_path / "reviewed"
+    _write_pngs(folder, {"3": 2})
+    _write_pngs(folder, {"7": 1}, rgb=True, size=(40, 36))  # RGB, another size: conformed
+    name = f"imagefolder:{folder}+mnist-bundled"
+    assert parse_imagefolder(name) == (str(folder), True)
+    assert parse_imagefolder(f"imagefolder:{folder}") == (str(folder), False)
+    base = load_dataset("mnist-bundled")
+    b = load_dataset(name)
+    assert len(b.train) == len(base.train) + 3
+    assert (b.class_names, b.in_channels, b.input_size) == (base.class_names, 1, (28, 28))
+    assert (b.mean, b.std) == (base.mean, base.std) and b.name == name
+    assert b.extra["added_train"] == 3 and b.extra["added_by_class"]["3"] == 2
+    # the bundled training images first, unchanged; the folder's after, labelled by class name
+    x, y = b.train.tensors
+    torch.testing.assert_close(x[: len(base.train)], base.train.tensors[0], rtol=0, atol=0)
+    assert y[-3:].tolist() == [3, 3, 7]
+    with Image.open(folder / "7" / "0.png") as im:
+        img = torch.from_numpy(np.array(im)).permute(2, 0, 1)  # RGB (3, 40, 36)
+    ref = normalise_uint8(conform_image(img, 1, (28, 28)), base.mean, base.std)
+    torch.testing.assert_close(x[-1], ref)
+    # validation and test are the bundled ones
+    for split in ("val", "test"):
+        a, c = getattr(b, split).tensors, getattr(base, split).tensors
+        assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+    assert b.fingerprint != base.fingerprint
+    assert load_dataset(name).fingerprint == b.fingerprint
+    small = load_dataset(name, max_train_samples=100)  # truncates the bundled part only
+    assert len(small.train) == 103 and small.fingerprint == b.fingerprint
+
+
+def test_imagefolder_added_to_bundled_mnist_rejects_bad_folders(tmp_path):
+    _write_pngs(tmp_path / "bad", {"3": 1, "cat": 1})
+    with pytest.raises(ValueError, match="'cat'"):
+        load_dataset(f"imagefolder:{tmp_path / 'bad'}+mnist-bundled")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no images"):
+        load_dataset(f"imagefolder:{tmp_path / 'empty'}+mnist-bundled")
+    (tmp_path / "empty" / "5").mkdir()  # a class folder without images is still no images
+    with pytest.raises(ValueError, match="no images"):
+        load_dataset(f"imagefolder:{tmp_path / 'empty'}+mnist-bundled")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_dataset(f"imagefolder:{tmp_path / 'missing'}+mnist-bundled")
+    _write_pngs(tmp_path / "ok", {"1": 1})
+    with pytest.raises(ValueError, match="image_size"):
+        load_dataset(f"imagefolder:{tmp_path / 'ok'}+mnist-bundled", image_size=32)
+    (tmp_path / "ok" / "1" / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match="broken.png"):
+        load_dataset(f"imagefolder:{tmp_path / 'ok'}+mnist-bundled")
