@@ -142,17 +142,17 @@ def test_random_affine_matches_torchvision_per_image():
 
 
 def test_augmentation_only_on_training_batches_and_deterministic(tiny_run, tmp_path, monkeypatch):
-    import models.training as training
+    import models.training.step as training_step
 
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    real = training.augment_batch
+    real = training_step.augment_batch
 
     def spy(x, generator, fill):
         out = real(x, generator, fill)
         seen.append((x.clone(), out.clone()))
         return out
 
-    monkeypatch.setattr(training, "augment_batch", spy)
+    monkeypatch.setattr(training_step, "augment_batch", spy)
     cfg = TrainConfig(ensemble="lle", vgn=True, seed=3, augment=True, **TINY)
     train(cfg, tmp_path / "a")
     bundle = load_dataset("mnist-bundled", max_train_samples=TINY["max_train_samples"])
@@ -311,3 +311,28 @@ def test_ddp_two_cpu_processes_gloo(tmp_path):
     # each rank sees half of the 256 training images per epoch: 2 steps of 64
     assert card.training["history"][0]["epoch"] == 1
     assert len(list(out.iterdir())) == 2  # only rank 0 wrote: weights + card
+
+
+def test_train_on_bundled_mnist_plus_imagefolder(tmp_path):
+    """``imagefolder:<path>+mnist-bundled``: the folder's images join the bundled training split;
+    validation, test, classes and normalisation stay the bundled ones."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls, n in (("3", 2), ("7", 1)):
+        (tmp_path / "reviewed" / cls).mkdir(parents=True)
+        for i in range(n):
+            arr = rng.integers(0, 256, size=(28, 28), dtype=np.uint8)
+            Image.fromarray(arr).save(tmp_path / "reviewed" / cls / f"{i}.png")
+    dataset = f"imagefolder:{tmp_path / 'reviewed'}+mnist-bundled"
+    cfg = TrainConfig(dataset=dataset, ensemble="lle", vgn=True, **{**TINY, "epochs": 1})
+    events: list[dict] = []
+    train(cfg, tmp_path / "m", on_event=events.append)
+    assert events[0]["train_size"] == TINY["max_train_samples"] + 3
+    assert sum(e["type"] == "step" for e in events) == 5  # ceil(259 / 64)
+    _, card = load_checkpoint(tmp_path / "m")
+    bundled = load_dataset("mnist-bundled")
+    assert card.dataset == dataset and card.class_names == bundled.class_names
+    assert card.mean == list(bundled.mean) and card.metrics["n_test"] == len(bundled.test)
+    assert card.model_dump()["training"]["config"]["dataset"] == dataset

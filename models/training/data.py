@@ -1,0 +1,68 @@
+"""The data of a run: the configured :class:`~models.data.DataBundle` and the training loader
+(seeded shuffling; a ``DistributedSampler`` under DDP)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from models.data import DataBundle, load_dataset
+
+from .config import TrainConfig
+from .runtime import Runtime
+
+__all__ = ["TrainLoader", "load_data", "train_loader"]
+
+
+def load_data(config: TrainConfig) -> DataBundle:
+    """The configured dataset's train/validation/test splits and metadata."""
+    return load_dataset(
+        config.dataset,
+        config.data_root,
+        config.allow_download,
+        config.max_train_samples,
+        config.image_size,
+    )
+
+
+@dataclass
+class TrainLoader:
+    """Training batches ``(x, y)``; :meth:`set_epoch` reshuffles a distributed sampler."""
+
+    loader: DataLoader
+    sampler: Any = None  # DistributedSampler under DDP
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def train_loader(dataset: Dataset, config: TrainConfig, rt: Runtime) -> TrainLoader:
+    """Shuffled batches of ``config.batch_size`` from a generator seeded with ``config.seed`` (one
+    process), or from a ``DistributedSampler`` (same seed) giving each rank its share."""
+    sampler = None
+    if rt.world > 1:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(
+            dataset, num_replicas=rt.world, rank=rt.rank, shuffle=True, seed=config.seed
+        )
+    gen = torch.Generator().manual_seed(config.seed)
+    loader = DataLoader(
+        dataset,
+        batch_size=config.batch_size,
+        shuffle=sampler is None,
+        sampler=sampler,
+        generator=gen if sampler is None else None,
+    )
+    return TrainLoader(loader, sampler)
