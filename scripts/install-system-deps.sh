@@ -1,16 +1,25 @@
 #!/usr/bin/env bash
-# System packages the test suite needs beyond Python: a real Prometheus server and promtool
-# (Debian's `prometheus` package) for tests/deploy. Idempotent; does nothing when both exist.
+# System packages the test suite needs beyond Python, from Debian's archive:
+#   prometheus (+ promtool)        a real Prometheus server for tests/deploy
+#   postgresql                     a real PostgreSQL server (initdb + postgres in a temp dir) for the
+#                                  shared review queue / job store tests
+#   chromium + chromium-driver     a real headless browser for the reviewer page test
+# Idempotent: installs only what is missing.
 set -euo pipefail
-if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+missing=()
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || missing+=(prometheus)
+{ command -v initdb || ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || missing+=(postgresql)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
 sudo_cmd=""
 [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
 $sudo_cmd apt-get update -qq
-# policy-rc.d exit 101: the package must not start its own daemon on :9090 (tests start theirs on
-# a free port). Keep and restore a policy-rc.d the machine already has.
+# policy-rc.d exit 101: packages must not start their own daemons (Prometheus on :9090, a
+# PostgreSQL cluster); tests start theirs on free ports. Keep and restore an existing policy-rc.d.
 backup=""
 if [ -e /usr/sbin/policy-rc.d ]; then
   backup="$(mktemp)"
@@ -19,6 +28,6 @@ fi
 printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee /usr/sbin/policy-rc.d >/dev/null
 $sudo_cmd chmod +x /usr/sbin/policy-rc.d
 status=0
-$sudo_cmd apt-get install -y -qq --no-install-recommends prometheus >/dev/null || status=$?
+$sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || status=$?
 if [ -n "$backup" ]; then $sudo_cmd mv "$backup" /usr/sbin/policy-rc.d; else $sudo_cmd rm -f /usr/sbin/policy-rc.d; fi
 exit "$status"

@@ -1,0 +1,131 @@
+"""The reviewer page in a real headless Chromium (Debian's chromium + chromium-driver, selenium).
+
+Loads ``/review`` from a running ``vge serve``, enters the reviewer key, labels the shown item with
+a key press and skips the next with ``s``, and checks the API state changed. Keeps a screenshot
+(``VGE_SCREENSHOT_DIR`` set: written there too, e.g. docs/ for the README).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import Server, start_server
+
+KEY = "page-reviewer-key"
+H = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    assert Path(chromium).exists() and Path(driver_path).exists(), (
+        "Chromium is missing: run scripts/install-system-deps.sh"
+    )
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--window-size=1100,760",
+                 f"--user-data-dir={tmp_path / 'chromium'}"):  # fmt: skip
+        opts.add_argument(flag)
+    os.environ.setdefault("SE_OFFLINE", "true")  # never let selenium-manager go online
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(cond, timeout: float = 20.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_reviewer_labels_with_the_keyboard(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes], browser
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    work = tmp_path_factory.mktemp("review-page")
+    srv: Server = start_server(work, tiny_model, review_queue="on", reviewer_key=KEY, workers=1)
+    try:
+        files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[20:23])]
+        r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30)
+        ids = [x["review_id"] for x in r.json()["results"]]
+
+        browser.get(srv.url + "/review")
+        browser.find_element(By.ID, "key").send_keys(KEY)
+        name = browser.find_element(By.ID, "reviewer")
+        name.clear()
+        name.send_keys("selenium")
+        browser.find_element(By.ID, "start").click()
+
+        body = browser.find_element(By.TAG_NAME, "body")
+        shown = _wait(lambda: body.get_attribute("data-review-id"), what="the first item")
+        assert shown == ids[0]  # oldest first
+        _wait(lambda: browser.execute_script(
+            "const i = document.getElementById('image'); return i.complete && i.naturalWidth;"
+        ), what="the image")  # fmt: skip
+        assert browser.find_element(By.ID, "depth").text == "3"
+        buttons = browser.find_elements(By.CSS_SELECTOR, "#classes button.label")
+        assert [b.text for b in buttons] == [str(i) for i in range(10)]
+        topk = browser.find_elements(By.CSS_SELECTOR, "#topk tr")
+        assert len(topk) == 5
+        screenshot = work / "review-page.png"
+        browser.save_screenshot(str(screenshot))
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        if os.environ.get("VGE_SCREENSHOT_DIR"):
+            shutil.copy(screenshot, Path(os.environ["VGE_SCREENSHOT_DIR"]) / "review-page.png")
+
+        body.send_keys("7")  # label the shown item "7" with the keyboard
+        _wait(lambda: body.get_attribute("data-review-id") == ids[1], what="the next item")
+        item = httpx.get(f"{srv.url}/v1/reviews/{ids[0]}", headers=H).json()
+        assert (item["state"], item["label"], item["reviewer"]) == ("reviewed", "7", "selenium")
+
+        body.send_keys("s")  # skip the second
+        _wait(lambda: body.get_attribute("data-review-id") == ids[2], what="the third item")
+        assert httpx.get(f"{srv.url}/v1/reviews/{ids[1]}", headers=H).json()["state"] == "skipped"
+
+        # A button works as well; then the queue is empty.
+        browser.find_element(By.CSS_SELECTOR, "#classes button[data-label='2']").click()
+        _wait(lambda: browser.find_element(By.ID, "empty").is_displayed(), what="empty queue")
+        assert httpx.get(f"{srv.url}/v1/reviews/{ids[2]}", headers=H).json()["label"] == "2"
+        stats = httpx.get(f"{srv.url}/v1/reviews/stats", headers=H).json()
+        assert stats["counts"] == {"pending": 0, "reviewed": 2, "skipped": 1}
+    finally:
+        srv.stop()
+
+
+def test_a_wrong_key_returns_to_the_login_form(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, browser
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    work = tmp_path_factory.mktemp("review-page-key")
+    srv = start_server(work, tiny_model, review_queue="on", reviewer_key=KEY, workers=1)
+    try:
+        browser.get(srv.url + "/review")
+        browser.find_element(By.ID, "key").send_keys("not-the-key")
+        browser.find_element(By.ID, "start").click()
+        status = browser.find_element(By.ID, "status")
+        _wait(lambda: "wrong reviewer key" in status.text, what="the error message")
+        assert browser.find_element(By.ID, "login").is_displayed()
+    finally:
+        srv.stop()
