@@ -40,10 +40,11 @@ RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
 
 WORKDIR /app
 
-# 2) The remaining runtime dependencies, taken from pyproject.toml's [project.dependencies]
+# 2) The remaining runtime dependencies, taken from pyproject.toml's [project.dependencies] and
+#    the `postgres` extra (psycopg, for VGE_DB_URL=postgresql://...; the compose postgres profile)
 #    (the torch pins above already satisfy the torch/torchvision ranges there).
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 

@@ -51,6 +51,10 @@ CONTRACT_METRICS = {
     "vge_uncertainty_drift": "gauge",
     "vge_abstain_ratio_window": "gauge",
     "vge_calibrated_deferral": "gauge",
+    "vge_review_queue_depth": "gauge",
+    "vge_reviews_total": "counter",
+    "vge_review_latency_seconds": "histogram",
+    "vge_review_enqueue_total": "counter",
 }
 
 
@@ -102,6 +106,20 @@ def _compose_json(files, env_file: Path) -> dict:
 def test_compose_config_is_valid(files, env_file):
     res = _compose("config", "-q", files=files, env_file=env_file)
     assert res.returncode == 0, f"docker-compose config failed:\n{res.stderr}"
+
+
+def test_compose_postgres_profile_is_optional(env_file):
+    """Without the profile there is no database service; with it, a healthy PostgreSQL whose
+    volume persists, and the vge service takes the URL from VGE_DB_URL."""
+    plain = _compose_json((COMPOSE,), env_file)["services"]
+    assert "postgres" not in plain and plain["vge"]["environment"]["VGE_REVIEW_QUEUE"] == "on"
+    res = _compose("--profile", "postgres", "config", "--format", "json", env_file=env_file)
+    assert res.returncode == 0, res.stderr
+    services = json.loads(res.stdout)["services"]
+    pg = services["postgres"]
+    assert pg["image"].startswith("postgres:") and "pg_isready" in pg["healthcheck"]["test"]
+    assert pg["volumes"][0]["target"] == "/var/lib/postgresql/data"
+    assert "VGE_DB_URL" in services["vge"]["environment"]
 
 
 def test_compose_refuses_to_start_without_api_key(tmp_path):
@@ -192,7 +210,8 @@ def test_compose_service_env_is_valid_settings(env_file):
     vge_env = {k: v for k, v in env.items() if k.startswith("VGE_")}
     fields = {f"VGE_{name.upper()}" for name in Settings.model_fields}
     assert set(vge_env) <= fields, f"unknown settings: {set(vge_env) - fields}"
-    Settings(**{k[4:].lower(): v for k, v in vge_env.items()})
+    # As in the container: an empty variable means unset (Settings has env_ignore_empty).
+    Settings(**{k[4:].lower(): v for k, v in vge_env.items() if v != ""})
 
 
 def test_prometheus_scrapes_the_compose_service(env_file):
@@ -215,16 +234,17 @@ def test_alert_rules_check_and_unit_tests():
     """promtool check rules + promtool test rules: synthetic series → exactly the expected alerts."""
     rules = PROMETHEUS_CONFIG.parent / "alerts.yml"
     res = run_tool([find_tool("promtool"), "check", "rules", str(rules)])
-    assert res.returncode == 0 and "SUCCESS: 7 rules found" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "SUCCESS: 8 rules found" in res.stdout, res.stdout + res.stderr
     res = run_tool(
         [find_tool("promtool"), "test", "rules", str(rules.with_name("alerts_test.yml"))]
     )
     assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
     text = rules.read_text()
     for name in ("VgeHighLatencyP99", "VgeServerErrors", "VgeQueueFull", "VgeEngineNotReady",
-                 "VgeTrainingJobFailed", "VgeAbstainRateHigh", "VgeUncertaintyDrift"):  # fmt: skip
+                 "VgeTrainingJobFailed", "VgeAbstainRateHigh", "VgeUncertaintyDrift",
+                 "VgeReviewQueueFull"):  # fmt: skip
         assert f"alert: {name}" in text
-    assert text.count("runbook:") == 7
+    assert text.count("runbook:") == 8
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,7 +305,8 @@ def test_dockerfile_env_is_valid_settings():
     assert vge_env["VGE_HOST"] == "0.0.0.0"
     fields = {f"VGE_{name.upper()}" for name in Settings.model_fields}
     assert set(vge_env) <= fields, f"unknown settings: {set(vge_env) - fields}"
-    Settings(**{k[4:].lower(): v for k, v in vge_env.items()})
+    # As in the container: an empty variable means unset (Settings has env_ignore_empty).
+    Settings(**{k[4:].lower(): v for k, v in vge_env.items() if v != ""})
 
 
 def test_torch_pins_match_pyproject():
@@ -361,6 +382,8 @@ def test_dashboard_covers_the_issue_and_the_metric_contract():
         "queue depth", "in-flight", "abstain rate", "rejections by reason",
         "training jobs by state", "device memory", "vgmu of served images", "eu of served images",
         "abstain rate vs calibrated deferral", "uncertainty drift", "predicted-class mix",
+        "review queue depth", "reviews per hour by outcome", "human-model agreement",
+        "time to review",
     ):  # fmt: skip
         assert word in titles, f"no panel for {word!r}"
 
