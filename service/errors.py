@@ -126,6 +126,17 @@ def _format_validation(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method any route serves at this path: Starlette's 405 names only the first route
+    whose path matches (e.g. GET of ``/v1/reviews/{id}``, not the POST that is a separate route)."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and regex.match(request.url.path) and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the JSON error handlers on ``app``."""
 
@@ -150,10 +161,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request)
         return JSONResponse(
-            error_body(str(exc.detail), code),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
+            error_body(str(exc.detail), code), status_code=exc.status_code, headers=headers
         )
 
     @app.exception_handler(Exception)

@@ -25,7 +25,7 @@ from service.reviews import ReviewStore
 from service.routes.schemas import error_responses
 
 router = APIRouter(
-    prefix="/v1/reviews", tags=["reviews"], responses=error_responses(401, 403, 404, 422)
+    prefix="/v1/reviews", tags=["reviews"], responses=error_responses(400, 401, 403, 404, 422)
 )
 page_router = APIRouter(tags=["reviews"])
 

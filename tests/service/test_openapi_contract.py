@@ -28,6 +28,30 @@ def _schemathesis() -> str:
 
 @pytest.mark.parametrize("with_key", [True, False])
 def test_openapi_contract_holds(server: Server, with_key: bool, tmp_path: Path) -> None:
+    _run(server, with_key, tmp_path)
+
+
+def test_openapi_contract_holds_with_the_review_queue_on(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes], tmp_path: Path
+) -> None:
+    """The review endpoints answering for real (a queue with items), not 404 "queue is off"."""
+    import httpx
+
+    from tests.service.conftest import start_server
+
+    srv = start_server(
+        tmp_path_factory.mktemp("contract-reviews"), tiny_model, review_queue="on",
+        api_key=API_KEY, workers=1,
+    )  # fmt: skip
+    try:
+        files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[:4])]
+        httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30)
+        _run(srv, True, tmp_path)
+    finally:
+        srv.stop()
+
+
+def _run(server: Server, with_key: bool, tmp_path: Path) -> None:
     cmd = [
         _schemathesis(), "--no-color", "--config-file", str(REPO / "schemathesis.toml"), "run",
         f"{server.url}/openapi.json", "--exclude-path-regex", "training-jobs", "--seed", "7",
