@@ -22,9 +22,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from service.errors import NotReady
+
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 _SCHEMA_LOCK = 0x76676573  # "vges": the advisory lock key of schema creation
+
+
+class DatabaseUnavailable(NotReady):
+    """The database cannot be reached or is locked too long (503 with Retry-After)."""
+
+    code = "database_unavailable"
 
 
 def check_url(url: str, setting: str) -> str:
@@ -54,21 +62,47 @@ class Database:
         if self.postgres:
             try:
                 import psycopg
-                from psycopg.rows import dict_row
             except ImportError:  # pragma: no cover - depends on the install
                 raise ValueError(
                     "a postgresql:// database needs psycopg 3: pip install 'vge-serve[postgres]'"
                 ) from None
-            self._conn: Any = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+            self._driver_errors: tuple[type[Exception], ...] = (psycopg.OperationalError,)
         else:
-            path = sqlite_path(url)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA busy_timeout=10000")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn = conn
+            self._driver_errors = (sqlite3.OperationalError,)
+        with self._errors():
+            self._conn: Any = self._connect()
+
+    def _connect(self) -> Any:
+        if self.postgres:
+            import psycopg
+            from psycopg.rows import dict_row
+
+            return psycopg.connect(
+                self.url, autocommit=True, row_factory=dict_row, connect_timeout=10
+            )
+        path = sqlite_path(self.url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The driver's connection-level failures as a 503 the client may retry; a PostgreSQL
+        connection that broke (server restarted, network) is replaced on the next call."""
+        try:
+            if self.postgres and getattr(self, "_conn", None) is not None and self._conn.broken:
+                self._conn = self._connect()
+            yield
+        except self._driver_errors as exc:
+            raise DatabaseUnavailable(
+                f"the service database is unavailable, retry shortly ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'})",
+                headers={"Retry-After": "2"},
+            ) from None
 
     @property
     def skip_locked(self) -> str:
@@ -85,19 +119,19 @@ class Database:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; the number of rows it changed."""
-        with self._lock:
+        with self._lock, self._errors():
             cur = self._conn.execute(self._sql(sql), tuple(params))
             return int(cur.rowcount or 0)
 
     def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Rows as dicts."""
-        with self._lock:
+        with self._lock, self._errors():
             rows = self._conn.execute(self._sql(sql), tuple(params)).fetchall()
         return [dict(r) for r in rows]
 
     def fetchone(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
         """The first row as a dict, or None."""
-        with self._lock:
+        with self._lock, self._errors():
             row = self._conn.execute(self._sql(sql), tuple(params)).fetchone()
         return dict(row) if row is not None else None
 
@@ -109,7 +143,7 @@ class Database:
     @contextmanager
     def transaction(self) -> Iterator[Database]:
         """A write transaction (SQLite: ``BEGIN IMMEDIATE``, taking the write lock up front)."""
-        with self._lock:
+        with self._lock, self._errors():
             if self.postgres:
                 with self._conn.transaction():
                     yield self
@@ -125,7 +159,7 @@ class Database:
     def script(self, statements: str) -> None:
         """Run ``;``-separated DDL (schema creation; every statement idempotent)."""
         stmts = [s.strip() for s in statements.split(";") if s.strip()]
-        with self._lock:
+        with self._lock, self._errors():
             if self.postgres:
                 # Concurrent CREATE … IF NOT EXISTS can still collide in PostgreSQL's catalogue
                 # (several processes start at once): serialise schema changes with a lock.
@@ -139,7 +173,7 @@ class Database:
 
     def add_column(self, table: str, column: str, decl: str) -> None:
         """Migrate a table created by an older version: add ``column`` when it is missing."""
-        with self._lock:
+        with self._lock, self._errors():
             if self.postgres:
                 self._conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {decl}")
                 return

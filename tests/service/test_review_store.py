@@ -198,3 +198,21 @@ def test_sniffs_image_types() -> None:
     assert sniff_content_type(b"\xff\xd8\xff\xe0") == "image/jpeg"
     assert sniff_content_type(b"RIFF1234WEBPVP8 ") == "image/webp"
     assert sniff_content_type(b"hello") == "application/octet-stream"
+
+
+def test_a_lost_postgres_connection_is_a_503_then_reconnects(pg_database, tmp_path: Path) -> None:
+    import psycopg
+
+    from service.db import DatabaseUnavailable
+
+    url = pg_database()
+    store = make_store(url, tmp_path)
+    rid = queue(store, PNG).review_id
+    pid = store.db.scalar("SELECT pg_backend_pid() AS pid")
+    with psycopg.connect(url, autocommit=True) as admin:  # the server drops our connection
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(DatabaseUnavailable, match="retry shortly") as err:
+        store.get(rid)
+    assert err.value.status_code == 503
+    assert store.get(rid)["state"] == "pending"  # the next call reconnected
+    assert store.db.scalar("SELECT pg_backend_pid() AS pid") != pid
