@@ -16,7 +16,8 @@ States: ``pending`` → ``reviewed`` (a label from the model's classes) | ``skip
 can still be labelled later. Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
 one reviewer for a lease; until it expires no other reviewer is handed that item (PostgreSQL:
 ``FOR UPDATE SKIP LOCKED``; SQLite: one writer at a time, so the ``UPDATE … RETURNING`` is atomic).
-Bounded: at most ``max_items`` pending items; a full queue refuses to queue (the answer says
+Bounded: at most ``max_items`` pending items (checked before each insert, so front ends racing at
+the limit may pass it by the few images in flight); a full queue refuses to queue (the answer says
 ``queue_full``), never fails the prediction.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import statistics
 import time
@@ -36,6 +38,8 @@ from typing import Any, Literal
 
 from service.db import Database
 from service.errors import Conflict, InvalidValue, NotFound
+
+log = logging.getLogger("vge.reviews")
 
 State = Literal["pending", "reviewed", "skipped"]
 Order = Literal["oldest", "vgmu"]
@@ -454,8 +458,6 @@ def queue_answers(
     Runs in a thread (file and database writes). A failure to store never fails the prediction:
     the answer says ``review_status: "error"`` and the failure is logged and counted.
     """
-    import logging
-
     chosen = chosen_for_review(policy, records)
     if not chosen:
         return
@@ -468,9 +470,7 @@ def queue_answers(
             answers=[records[i] for i in chosen],
         )
     except Exception:  # noqa: BLE001 - the prediction itself succeeded; say so, keep serving
-        logging.getLogger("vge.reviews").exception(
-            "review queue: storing %d images failed", len(chosen)
-        )
+        log.exception("review queue: storing %d images failed", len(chosen))
         results = [Enqueued(None, "error")] * len(chosen)
     for i, res in zip(chosen, results, strict=True):
         records[i]["review_id"] = res.review_id
