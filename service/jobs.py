@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from models.data import MIXED_SUFFIX, parse_imagefolder
 from service.db import Database
 from service.errors import Conflict, InvalidValue, NotFound
 from service.metrics import JOB_STATES, Metrics
@@ -276,11 +277,10 @@ class JobManager:
         config["data_root"] = str(root)
         dataset = config.get("dataset")
         if dataset in ("reviews", "reviews+mnist-bundled"):
-            folder = self._export_reviews(root)
-            mix = dataset.removeprefix("reviews")
-            config["dataset"] = f"imagefolder:{folder}{mix}"
-        elif isinstance(dataset, str) and dataset.startswith("imagefolder:"):
-            rel = dataset.split(":", 1)[1]
+            exported = self._export_reviews(root)
+            config["dataset"] = f"imagefolder:{exported}{dataset.removeprefix('reviews')}"
+        elif isinstance(dataset, str) and (folder := parse_imagefolder(dataset)) is not None:
+            rel, mixed = folder
             path = (root / rel).resolve()
             if path != root and root not in path.parents:
                 raise InvalidValue(
@@ -289,7 +289,7 @@ class JobManager:
                 )
             if not path.is_dir():
                 raise InvalidValue(f"dataset path {rel!r} is not a directory under {str(root)!r}")
-            config["dataset"] = f"imagefolder:{path}"
+            config["dataset"] = f"imagefolder:{path}{MIXED_SUFFIX if mixed else ''}"
         return config
 
     def _export_reviews(self, root: Path) -> Path:

@@ -57,3 +57,22 @@ def test_an_old_table_without_owner_is_migrated(tmp_path: Path) -> None:
     store = JobStore(Database(f"sqlite:///{path}"), owner="me")
     assert [j["id"] for j in store.in_state("running")] == ["old"]  # no owner: counts as ours
     assert store.get("old")["owner"] is None
+
+
+def test_imagefolder_datasets_are_confined_to_the_data_root(tmp_path: Path) -> None:
+    from service.errors import InvalidValue
+    from service.jobs import JobManager
+    from service.metrics import Metrics
+    from service.settings import Settings
+
+    root = tmp_path / "data"
+    (root / "digits").mkdir(parents=True)
+    settings = Settings(jobs_db_url=f"sqlite:///{tmp_path}/jobs.sqlite3", data_root=root)
+    jobs = JobManager(settings, Metrics())
+    mixed = jobs._place_data({"dataset": "imagefolder:digits+mnist-bundled"})
+    assert mixed["dataset"] == f"imagefolder:{root.resolve() / 'digits'}+mnist-bundled"
+    assert jobs._place_data({"dataset": "imagefolder:digits"})["dataset"].endswith("/digits")
+    with pytest.raises(InvalidValue, match="outside the data root"):
+        jobs._place_data({"dataset": "imagefolder:../elsewhere+mnist-bundled"})
+    with pytest.raises(InvalidValue, match="needs the review queue"):
+        jobs._place_data({"dataset": "reviews"})

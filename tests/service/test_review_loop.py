@@ -29,7 +29,7 @@ def _served(srv: Server) -> str:
     return httpx.get(srv.url + "/v1/models", timeout=10).json()["models"][0]["name"]
 
 
-def _wait_job(srv: Server, job_id: str, timeout: float = 240) -> dict:
+def _wait_job(srv: Server, job_id: str, timeout: float = 600) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = httpx.get(f"{srv.url}/v1/training-jobs/{job_id}", headers=A, timeout=10).json()
