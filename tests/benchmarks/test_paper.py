@@ -166,6 +166,14 @@ def test_ood_tables(results: list[paper.ConfigResult]) -> None:
     p_ood = _ood_members(120, 10)
     expected = ood_auroc(score_members(p, None).vgmu, score_members(p_ood, None).vgmu)
     assert results[0].ood["patches"]["scores"]["vgmu"]["auroc"] == pytest.approx(expected)
+    for r in results:  # share missed by VGMU at the ID 95th percentile, and caught by EPKL
+        assert set(r.vgmu_missed) == set(paper.OOD_SETS)
+        for missed, caught in r.vgmu_missed.values():
+            assert 0.0 <= missed <= 1.0 and (caught is None or 0.0 <= caught <= 1.0)
+    assert paper.vgmu_missed(
+        {"vgmu": np.arange(100.0), "epkl": np.arange(100.0)},
+        type("S", (), {"vgmu": torch.tensor([0.0, 200.0]), "epkl": torch.tensor([200.0, 0.0])}),
+    ) == (0.5, 1.0)
     pt = paper.paper_ood_table(results)
     assert _cells(pt, "LLE-VGN")["paper AUROC VGMU"] == "0.942 ± 0.006"
     assert _cells(pt, "MCD-LLE")["paper FPR@95 VGMU"] == "0.216"
