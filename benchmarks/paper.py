@@ -643,8 +643,8 @@ def render(results: Sequence[ConfigResult], context: Mapping[str, Any]) -> str:
     if context.get("load"):
         add(
             f"- **Machine load**: 1-minute load average {context['load']} (start → end of this "
-            "invocation; other jobs shared the 2 cores, so times are upper bounds — an idle "
-            "machine trains LeNet-5 LLE at ~0.8 s/epoch, see the zoo model's card)"
+            "invocation; this run keeps about one core busy, so values well above 1 mean other "
+            "jobs shared the 2 cores and the times are upper bounds)"
         )
     add(
         f"- **Wall time**: {context['wall_s'] / 60:.1f} min for this invocation "
@@ -953,8 +953,8 @@ def reading_lines(results: Sequence[ConfigResult]) -> list[str]:
             + ", ".join(under)
             + ". Averaging disagreeing members (and, for MCD-LLE, dropout left on at inference) "
             "flattens the mixture; augmentation-trained models see clean test digits that are "
-            "easier than their training batches. The paper reports the same effect for plain MCD "
-            "on MNIST (ECE 0.040–0.041) but not for its MCD-LLE (0.006)."
+            "easier than their training batches. In the paper, plain MCD has a similar MNIST ECE "
+            "(0.040–0.041; direction not reported), its MCD-LLE does not (0.006)."
         )
     n_aurc = sum(
         _vgmu_best({s: v["aurc"] for s, v in r.metrics["selective"].items()}, higher=False)
@@ -1241,6 +1241,11 @@ def evaluate_model(
     # The shipped `vge evaluate`: report.md, metrics.json and its figures, per model.
     torch.manual_seed(SEED)  # MC-dropout members are stochastic: same draws as below
     shipped = run_evaluation(model_dir, fig_dir, split="test")
+    # The committed metrics.json should not name this machine's absolute paths.
+    metrics_file = fig_dir / "metrics.json"
+    saved = json.loads(metrics_file.read_text(encoding="utf-8"))
+    saved["model"]["dir"] = _display_path(model_dir)
+    metrics_file.write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
     torch.manual_seed(SEED)
     predictor = Predictor.from_dir(model_dir, device="cpu")
@@ -1292,6 +1297,14 @@ def evaluate_model(
     report = fig_dir / "report.md"
     result.report = report.relative_to(doc_dir).as_posix() if report.is_file() else None
     return result
+
+
+def _display_path(path: Path) -> str:
+    """``path`` relative to the repository root when it lies inside it."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _load_average() -> str:
