@@ -177,8 +177,15 @@ class Engine:
                 self.metrics.queue_wait,
                 self.metrics.compute,
                 self.metrics.batch_size,
+                self.metrics.review_latency,
             ):
                 histogram.labels(model=name)
+            # Human review: 0 pending (the housekeeping loop keeps it current when the queue is on).
+            self.metrics.review_queue_depth.labels(model=name)
+            for outcome in ("agree", "disagree", "skipped"):
+                self.metrics.reviews.labels(model=name, outcome=outcome)
+            for status in ("queued", "already_queued", "queue_full", "error"):
+                self.metrics.review_enqueued.labels(model=name, status=status)
             self._monitor(current.info.generation, current.predictor)
 
     def _broadcast_model(self) -> None:
