@@ -18,10 +18,8 @@ Targets interleaved round by round; medians over rounds. Results go to docs/benc
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.report import write_section
-from benchmarks.serving import Target, _free_port, _pngs, multipart, targets
+from benchmarks.serving import BOUNDARY, Target, _free_port, _pngs, multipart, run_lua, targets
 
 CONFIGS = ("off", "auto", "always")
 N_BODIES = 2000  # distinct images per wrk thread
@@ -71,30 +69,6 @@ def _target(config: str, workdir: Path) -> Target:
     return t
 
 
-def run_wrk(url: str, lua: Path, conc: int, duration: float) -> dict[str, float]:
-    out = subprocess.run(
-        ["wrk", "-t2", f"-c{conc}", f"-d{max(1, round(duration))}s", "--latency",
-         "--timeout", "30s", "-s", str(lua), url],
-        capture_output=True, text=True, timeout=duration + 60,
-    ).stdout  # fmt: skip
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-
-    def pct(p: str) -> float:
-        m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)", out, re.M)
-        if not m:
-            return float("nan")
-        v, unit = float(m.group(1)), m.group(2)
-        return v / 1000 if unit == "us" else v * 1000 if unit == "s" else v
-
-    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {
-        "rps": rps,
-        "p50": pct("50"),
-        "p99": pct("99"),
-        "errors": int(bad.group(1)) if bad else 0,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -110,8 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     for k, png in enumerate(pngs, start=1):
         (bodies / f"{k}.bin").write_bytes(multipart([png]))
     lua = work / "cycle.lua"
-    from benchmarks.serving import BOUNDARY
-
     lua.write_text(WRK_LUA.format(n=N_BODIES, dir=bodies, boundary=BOUNDARY))
 
     results: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGS}
@@ -123,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             t.env["VGE_PORT"] = str(t.port)
             t.start()
             try:
-                run_wrk(t.url + t.path, lua, args.concurrency, 1.0)  # warm-up
-                res = run_wrk(t.url + t.path, lua, args.concurrency, args.duration)
+                run_lua(t.url + t.path, lua, args.concurrency, 1.0)  # warm-up
+                res = run_lua(t.url + t.path, lua, args.concurrency, args.duration)
                 if config != "off":
                     stats = httpx.get(t.url + "/v1/reviews/stats", timeout=10,
                                       headers={"Authorization": "Bearer bench-reviewer"}).json()  # fmt: skip

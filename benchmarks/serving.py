@@ -177,8 +177,14 @@ wrk.headers["Content-Type"] = "{ctype}"
 
 
 def wrk(url: str, body_file: Path, ctype: str, extra: str, conc: int, duration: float) -> dict:
+    """One wrk run posting ``body_file`` (content type ``ctype``) to ``url``."""
     lua = body_file.with_suffix(".lua")
     lua.write_text(WRK_LUA.format(body=body_file, ctype=ctype, extra=extra))
+    return run_lua(url, lua, conc, duration)
+
+
+def run_lua(url: str, lua: Path, conc: int, duration: float) -> dict:
+    """One wrk run driven by the Lua script ``lua``: req/s, p50/p99 ms and the error count."""
     threads = max(1, min(conc, 2))
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{conc}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "30s",

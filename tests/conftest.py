@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,12 @@ def pg_database(pg_server: postgres.PostgresServer) -> Callable[[], str]:
         return pg_server.create_database(f"t{next(counter)}_{uuid.uuid4().hex[:8]}")
 
     return make
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database of each kind the service supports: a SQLite file, a real PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/state.sqlite3"
+    make: Callable[[], str] = request.getfixturevalue("pg_database")
+    return make()

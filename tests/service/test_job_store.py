@@ -6,21 +6,12 @@ mark another replica's running jobs interrupted (``in_state`` sees only its own)
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from service.db import Database
 from service.jobs import JobStore
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/jobs.sqlite3"
-    make: Callable[[], str] = request.getfixturevalue("pg_database")
-    return make()
 
 
 def test_records_events_and_owners(db_url: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,6 @@ def answer(label: str = "3", vgmu: float = 0.5) -> dict[str, object]:
         "au": 0.3, "eu": 0.2, "abstain": True, "abstain_k": 1.0,
         "probabilities": [{"label": label, "probability": 0.6}],
     }  # fmt: skip
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/reviews.sqlite3"
-    make: Callable[[], str] = request.getfixturevalue("pg_database")
-    return make()
 
 
 def make_store(
