@@ -89,6 +89,7 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._admitting = True
         self._closing = False
+        self._hurry = False  # shutting down: stop waiting for fuller batches
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vge-compute")
         self._batch_s = 0.01  # running estimate of one batch's compute time (for Retry-After)
@@ -108,6 +109,15 @@ class Batcher:
         """Images waiting in the queue."""
         return self._rows
 
+    def hurry(self) -> None:
+        """Shutdown has begun: run each batch as soon as it is taken, never wait to fill it.
+
+        Requests still arrive while the front ends drain; this keeps ``batch_wait=always`` (up to
+        ``max_queue_delay_ms``) from holding the whole shutdown for one batch window.
+        """
+        self._hurry = True
+        self._wakeup.set()
+
     async def drain(self, timeout_s: float) -> None:
         """Stop admitting, compute what is queued without waiting for more, stop the loop.
 
@@ -115,6 +125,7 @@ class Batcher:
         """
         self._admitting = False
         self._closing = True
+        self._hurry = True
         self._wakeup.set()
         if self._task is not None:
             try:
@@ -239,7 +250,7 @@ class Batcher:
             flush_at = first.enqueued + self.max_delay_s
             while (
                 self.wait_always
-                and self._admitting
+                and not self._hurry
                 and first.state is _State.QUEUED
                 and self._rows_for(first.predictor) < self.max_batch_size
             ):

@@ -100,6 +100,7 @@ class Engine:
         memory = loop.create_task(self._watch_device_memory())
         housekeeping = loop.create_task(self._review_housekeeping())
         await stop.wait()
+        self.batcher.hurry()  # the front ends drain: compute what they send without batch waits
 
         # A SIGTERM sent to the whole process group (e.g. coreutils `timeout`) reaches the engine
         # while the front ends still drain: keep serving them until they have disconnected.

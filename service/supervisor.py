@@ -226,6 +226,10 @@ class Supervisor:
         for proc in self.frontends:
             if proc.is_alive():
                 os.kill(proc.pid, signal.SIGTERM)
+        # The engine at once too: it keeps serving the draining front ends until they disconnect,
+        # but stops waiting for fuller batches, so the shutdown never waits out a batch window.
+        if self.engine is not None and self.engine.is_alive():
+            os.kill(self.engine.pid, signal.SIGTERM)
         deadline = time.monotonic() + s.drain_s + s.shutdown_grace_s + 5
         for proc in self.frontends:
             proc.join(max(0.0, deadline - time.monotonic()))

@@ -160,3 +160,31 @@ def test_drain_computes_what_is_queued_then_refuses(
             await batcher.submit(predictor, "tiny", pixels[:1], opts, 1.0)
 
     asyncio.run(main())
+
+
+def test_hurry_runs_batches_at_once_and_keeps_admitting(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    """While the front ends drain, queued and newly arriving requests run without batch waits."""
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+
+    async def main() -> None:
+        batcher = _batcher(max_delay_s=5.0)  # would wait 5 s for a fuller batch
+        batcher.start()
+        loop = asyncio.get_running_loop()
+        queued = [
+            asyncio.create_task(batcher.submit(predictor, "tiny", pixels[i : i + 1], opts, 30.0))
+            for i in range(3)
+        ]
+        await asyncio.sleep(0.05)
+        t0 = loop.time()
+        batcher.hurry()
+        assert [len(r) for r in await asyncio.gather(*queued)] == [1] * 3
+        assert loop.time() - t0 < 2.0
+        assert batcher.admitting  # still accepting: the drain period goes on
+        t0 = loop.time()
+        assert len(await batcher.submit(predictor, "tiny", pixels[:2], opts, 30.0)) == 2
+        assert loop.time() - t0 < 2.0  # a late arrival does not wait for a fuller batch either
+        await batcher.drain(5.0)
+
+    asyncio.run(main())

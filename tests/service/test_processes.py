@@ -47,10 +47,10 @@ def _ready(server: Server) -> bool:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Server:
-    """Two front ends; batches wait up to 1 s (so requests are caught queued in the engine)."""
+    """Two front ends; batches wait up to 2.5 s (so requests are caught queued in the engine)."""
     srv = start_server(
         tmp_path_factory.mktemp("tree"), tiny_model,
-        workers=2, max_batch_size=64, max_queue_delay_ms=1000, batch_wait="always",
+        workers=2, max_batch_size=64, max_queue_delay_ms=2500, batch_wait="always",
     )  # fmt: skip
     yield srv
     assert srv.stop() == 0, srv.log()
