@@ -295,6 +295,7 @@ def evaluate_members(
     ``metrics`` is the evaluation with the first OOD set (identical test-split metrics every time).
     """
     from models.evaluation import evaluate_predictions
+    from models.evaluation.selective import error_detection_auroc
     from models.uncertainty.scoring import score_members
 
     if not ood:
@@ -337,21 +338,6 @@ def vgmu_missed(id_scores: Mapping[str, np.ndarray], ood: Any) -> tuple[float, f
     missed = v <= v_thr
     caught = float((e[missed] > e_thr).mean()) if missed.any() else None
     return float(missed.mean()), caught
-
-
-def error_detection_auroc(uncertainty: np.ndarray, errors: np.ndarray) -> float | None:
-    """AUROC of telling misclassified digits (positive) from correct ones by the score.
-
-    The shipped :func:`models.evaluation.ood.ood_auroc` with the correct digits as the negative
-    ("in-distribution") side and the errors as the positive side; ``None`` without both kinds.
-    """
-    from models.evaluation.ood import ood_auroc
-
-    u = np.asarray(uncertainty, dtype=np.float64).ravel()
-    e = np.asarray(errors, dtype=bool).ravel()
-    if e.all() or not e.any():
-        return None
-    return ood_auroc(u[~e], u[e])
 
 
 # --------------------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def evaluate_predictions(
     predictive mean, classification_raw (same for p̄; VGN models only, else None), diversity {p[, q]},
     abstention {abstain_k, deferral, n_accepted, accepted_risk}, uncertainty_means {score},
     rank_consistency {eu|epkl|epjs: {spearman, kendall}} (VGMU vs each), aucc {score},
-    selective {score: {aurc, eaurc, coverage_at_risk {"0.01", "0.02", "0.05"}}}, ood (None, or
+    selective {score: {aurc, eaurc, error_auroc, coverage_at_risk {"0.01", "0.02", "0.05"}}}, ood (None, or
     {n_id, n_ood, abstain_rate, scores {score: {auroc, fpr95}}})``. Scores are the
     ``EnsembleScores`` uncertainty fields (:data:`UNCERTAINTY_SCORES`); selective errors are those of
     ``EnsembleScores.prediction`` (the class the service serves). Undefined values are ``None``.

@@ -124,14 +124,32 @@ def coverage_at_risk(uncertainty: ArrayLike, errors: ArrayLike, target_risk: flo
     }
 
 
+def error_detection_auroc(uncertainty: ArrayLike, errors: ArrayLike) -> float | None:
+    """AUROC of telling the served errors (positives) from the correct answers by the score.
+
+    ``AUROC = P(u_err > u_ok) + ½ P(u_err = u_ok)`` over pairs of one error and one correct answer
+    (``sklearn.metrics.roc_auc_score``); 1 = every error is more uncertain than every correct
+    answer, 0.5 = chance. ``None`` when the split has no error or no correct answer. With E errors
+    its resolution is coarse: one error ranked differently moves it by up to 1/E.
+    """
+    from sklearn.metrics import roc_auc_score
+
+    u, e = _inputs(uncertainty, errors)
+    if e.all() or not e.any():
+        return None
+    return float(roc_auc_score(e, u))
+
+
 def selective_metrics(
     uncertainty: ArrayLike,
     errors: ArrayLike,
     target_risks: tuple[float, ...] = DEFAULT_TARGET_RISKS,
 ) -> dict:
-    """AURC, E-AURC and coverage at each target risk for one score (JSON-ready)."""
+    """AURC, E-AURC, error-detection AUROC and coverage at each target risk for one score
+    (JSON-ready)."""
     return {
         "aurc": aurc(uncertainty, errors),
+        "error_auroc": error_detection_auroc(uncertainty, errors),
         "eaurc": excess_aurc(uncertainty, errors),
         "coverage_at_risk": {
             f"{r:g}": coverage_at_risk(uncertainty, errors, r)["coverage"] for r in target_risks

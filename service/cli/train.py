@@ -24,7 +24,7 @@ _FLAGS: list[tuple[str, str, type, str]] = [
         "mnist-bundled | MNIST | FashionMNIST | SVHN | CIFAR10 | CIFAR100 | imagefolder:<path>",
     ),
     ("--data-root", "data_root", str, "where torchvision datasets live"),
-    ("--backbone", "backbone", str, "lenet5 | resnet18 | wrn28_10"),
+    ("--backbone", "backbone", str, "cnn4 | lenet5 | resnet18 | wrn28_10"),
     ("--ensemble", "ensemble", str, "de | lle | mcd | mcd-lle"),
     ("--members", "members", int, "de/lle: M; mcd: S samples; mcd-lle: H heads"),
     ("--mc-samples", "mc_samples", int, "mcd-lle: S dropout samples per head"),
@@ -40,7 +40,7 @@ _FLAGS: list[tuple[str, str, type, str]] = [
     ("--image-size", "image_size", int, "ImageFolder resize"),
     ("--target-deferral", "target_deferral", float, "abstain_k calibration: deferral rate"),
     ("--target-risk", "target_risk", float, "abstain_k calibration: selective risk"),
-    ("--lr-schedule", "lr_schedule", str, "constant | plateau | cosine"),
+    ("--lr-schedule", "lr_schedule", str, "constant | plateau | cosine | onecycle"),
 ]
 
 

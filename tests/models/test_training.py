@@ -269,6 +269,20 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_flag_help_names_every_choice():
+    """The --backbone / --lr-schedule help lists stay in step with the registry and the config."""
+    import typing
+
+    from models.nets import available_backbones
+    from models.training import TrainConfig
+    from service.cli.train import _FLAGS
+
+    helps = {field: help_ for _, field, _, help_ in _FLAGS}
+    assert helps["backbone"].split(" | ") == available_backbones()
+    schedules = typing.get_args(TrainConfig.model_fields["lr_schedule"].annotation)
+    assert helps["lr_schedule"].split(" | ") == list(schedules)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

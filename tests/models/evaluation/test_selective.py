@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from models.evaluation.selective import (
     aurc,
     coverage_at_risk,
+    error_detection_auroc,
     excess_aurc,
     optimal_aurc,
     risk_coverage_curve,
@@ -81,9 +82,19 @@ def test_eaurc_is_nonnegative_and_aurc_bounded(pairs: list[tuple[float, bool]]) 
 
 def test_selective_metrics_keys_and_validation() -> None:
     m = selective_metrics(U, E)
-    assert set(m) == {"aurc", "eaurc", "coverage_at_risk"}
+    assert set(m) == {"aurc", "eaurc", "error_auroc", "coverage_at_risk"}
     assert set(m["coverage_at_risk"]) == {"0.01", "0.02", "0.05"}
     with pytest.raises(ValueError, match="0/1"):
         aurc(U, [0, 2, 0, 1])
     with pytest.raises(ValueError, match="length"):
         aurc(U, [0, 1])
+
+
+def test_error_detection_auroc_hand_computed() -> None:
+    # errors at u = 0.4 and 0.2; correct at 0.1, 0.2, 0.3. Pairs (error, correct) where the error
+    # is more uncertain: 0.4 beats all 3; 0.2 beats 0.1, ties 0.2 (½), loses to 0.3 -> 4.5 / 6
+    assert error_detection_auroc([0.1, 0.2, 0.3, 0.4, 0.2], [0, 0, 0, 1, 1]) == pytest.approx(0.75)
+    assert error_detection_auroc([0.1, 0.9], [0, 1]) == 1.0
+    assert error_detection_auroc([0.9, 0.1], [0, 1]) == 0.0
+    assert error_detection_auroc([0.1, 0.2], [0, 0]) is None  # no error: undefined
+    assert error_detection_auroc([0.1, 0.2], [1, 1]) is None
