@@ -208,6 +208,15 @@ def _load_split(
     from models import data
 
     name = str(_card_get(predictor.card, "dataset", default="") or "mnist-bundled")
+    if split == "holdout":
+        if name != "mnist-bundled":
+            raise ValueError(
+                f"split 'holdout' is the held-out MNIST digits, for models trained on "
+                f"mnist-bundled; this model was trained on {name!r}: use 'test' or 'val'"
+            )
+        images, labels = data.load_holdout_mnist()
+        x = _prepare_all(predictor, torch.from_numpy(images).unsqueeze(1))
+        return x, labels, f"held-out MNIST ({len(labels)} digits outside the bundled 8k)"
     if name == "mnist-bundled":
         images, labels = data.load_bundled_mnist()
         idx = data.bundled_split()[split]
@@ -241,8 +250,8 @@ def run_evaluation(
     from models.evaluation.report import write_report
     from models.predictor import Predictor
 
-    if split not in ("test", "val"):
-        raise ValueError(f"split must be 'test' or 'val'; got {split!r}")
+    if split not in ("test", "val", "holdout"):
+        raise ValueError(f"split must be 'test', 'val' or 'holdout'; got {split!r}")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     predictor = Predictor.from_dir(model_dir)
     card = predictor.card

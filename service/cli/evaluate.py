@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "evaluate",
         help="evaluate a saved model (metrics, selective prediction, OOD, plots, report)",
         description="Run a saved model on a split of its dataset (bundled MNIST: the fixed test or "
-        "validation split) and on an offline natural-image OOD set; write metrics.json, PNG plots "
+        "validation split, or the held-out digits) and on an offline natural-image OOD set; write metrics.json, PNG plots "
         "and report.md.",
     )
     p.add_argument(
@@ -29,7 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="output directory (default: ./eval-<MODEL_DIR name>-<SPLIT>)",
     )
     p.add_argument(
-        "--split", choices=("test", "val"), default="test", help="data split (default: test)"
+        "--split",
+        choices=("test", "val", "holdout"),
+        default="test",
+        help="data split (default: test); holdout: the 2,000 MNIST digits outside the bundled "
+        "8k, never used for training or any choice (mnist-bundled models only)",
     )
     p.add_argument(
         "--data-root",

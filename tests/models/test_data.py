@@ -8,10 +8,12 @@ import torch
 
 from models.data import (
     BUNDLED_MNIST_SHA256,
+    HOLDOUT_MNIST_SHA256,
     bundled_mnist_path,
     bundled_split,
     load_bundled_mnist,
     load_dataset,
+    load_holdout_mnist,
     normalise_uint8,
 )
 
@@ -25,6 +27,19 @@ def test_bundled_file_is_the_attributed_copy():
     images, labels = load_bundled_mnist()
     assert images.shape == (8000, 28, 28) and images.dtype == np.uint8
     assert labels.shape == (8000,) and set(np.unique(labels)) == set(range(10))
+
+
+def test_holdout_digits_are_outside_the_bundle():
+    """The 2,000 held-out digits share no image with the 8k bundle (so with no split of it)."""
+    readme = (bundled_mnist_path().parent / "README.md").read_text()
+    assert HOLDOUT_MNIST_SHA256 in readme
+    images, labels = load_holdout_mnist()
+    assert images.shape == (2000, 28, 28) and images.dtype == np.uint8
+    assert np.bincount(labels).tolist() == [211, 243, 206, 194, 169, 178, 189, 207, 188, 215]
+    bundled, _ = load_bundled_mnist()
+    seen = {img.tobytes() for img in bundled}
+    assert not any(img.tobytes() in seen for img in images)
+    assert len({img.tobytes() for img in images}) == 2000
 
 
 def test_split_is_fixed_disjoint_and_stratified():

@@ -71,6 +71,16 @@ def test_vge_evaluate_val_split_default_out_dir(
     assert metrics["abstention"]["deferral"] == pytest.approx(0.05, abs=1 / 800)
 
 
+def test_vge_evaluate_holdout_split(tiny_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "holdout"
+    assert main(["evaluate", str(tiny_model), "--split", "holdout", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["split"] == "holdout" and metrics["n_samples"] == 2000
+    assert "held-out MNIST" in metrics["data"]
+    err = metrics["selective"]["vgmu"]["error_auroc"]
+    assert err is None or 0.0 <= err <= 1.0
+
+
 def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
