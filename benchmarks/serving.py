@@ -9,6 +9,7 @@ score of 64-image batches in one process, no HTTP.
 
     python -m benchmarks.serving                      # all targets, 3 rounds, 4 s per run
     python -m benchmarks.serving --targets vge litserve --rounds 1 --duration 2
+    python -m benchmarks.serving --targets vge vge:cnn4-lle-vgn-mnist   # default vs a zoo model
 
 Peers are benchmark-only (never runtime dependencies): LitServe from PyPI in this venv
 (``pip install litserve``); PyTriton 0.7 in its own Python 3.11 venv with ``numpy<2``, given by
@@ -139,12 +140,14 @@ def targets(
     out: list[Target] = []
     for name in names:
         port = _free_port()
-        if name in ("vge", "vge-lenet5"):
+        if name == "vge" or name.startswith("vge:") or name == "vge-lenet5":
             env = {**base, "VGE_HOST": "127.0.0.1", "VGE_PORT": str(port), "VGE_DEVICE": vge_device,
                    "VGE_LOG_LEVEL": "warning", "VGE_JOBS_DB_URL": f"sqlite:///{workdir}/jobs.db",
                    "VGE_JOBS_DIR": str(workdir / "jobs"), "VGE_MAX_QUEUE_LENGTH": "8192"}  # fmt: skip
-            if name == "vge-lenet5":  # the previous default, for the model's share of the cost
+            if name == "vge-lenet5":  # the paper's LeNet-5, for the model's share of the cost
                 env["VGE_MODEL_DIR"] = "lenet5-lle-vgn-mnist"
+            elif name.startswith("vge:"):  # vge serving another zoo model, e.g. a previous default
+                env["VGE_MODEL_DIR"] = name.removeprefix("vge:")
             t = Target(name, [sys.executable, "-m", "service.cli.serve"], env, "/v1/predict",
                        "/readyz")  # fmt: skip
         elif name in ("litserve", "litserve-scaled"):

@@ -120,7 +120,9 @@ def _evaluate(
         "uncertainty_means": {k: float(v.mean()) for k, v in arrays.items()},
         "rank_consistency": rank_consistency(arrays),
         "aucc": {k: aucc(v) for k, v in arrays.items()},
-        "selective": {k: selective_metrics(v, errors) for k, v in arrays.items()},
+        "selective": {
+            k: selective_metrics(v, errors, with_ci=k == "vgmu") for k, v in arrays.items()
+        },
         "ood": None,
     }
 
@@ -160,7 +162,7 @@ def evaluate_predictions(
     predictive mean, classification_raw (same for p̄; VGN models only, else None), diversity {p[, q]},
     abstention {abstain_k, deferral, n_accepted, accepted_risk}, uncertainty_means {score},
     rank_consistency {eu|epkl|epjs: {spearman, kendall}} (VGMU vs each), aucc {score},
-    selective {score: {aurc, eaurc, error_auroc, coverage_at_risk {"0.01", "0.02", "0.05"}}}, ood (None, or
+    selective {score: {aurc, eaurc, error_auroc (+ error_auroc_ci95 for vgmu), coverage_at_risk {"0.01", "0.02", "0.05"}}}, ood (None, or
     {n_id, n_ood, abstain_rate, scores {score: {auroc, fpr95}}})``. Scores are the
     ``EnsembleScores`` uncertainty fields (:data:`UNCERTAINTY_SCORES`); selective errors are those of
     ``EnsembleScores.prediction`` (the class the service serves). Undefined values are ``None``.
@@ -196,6 +198,11 @@ def _prepare_all(predictor: Any, images: Tensor) -> Tensor:
     return torch.stack([predictor.prepare(img) for img in images])
 
 
+#: Evaluation splits: the dataset's test and validation splits; for models trained on the bundled
+#: MNIST digits also the 2,000 held-out digits and the test split pooled with them.
+SPLITS = ("test", "val", "holdout", "test+holdout")
+
+
 def _load_split(
     predictor: Any, split: str, data_root: str | Path | None
 ) -> tuple[Tensor, np.ndarray, str]:
@@ -208,15 +215,22 @@ def _load_split(
     from models import data
 
     name = str(_card_get(predictor.card, "dataset", default="") or "mnist-bundled")
-    if split == "holdout":
+    if split in ("holdout", "test+holdout"):
         if name != "mnist-bundled":
             raise ValueError(
-                f"split 'holdout' is the held-out MNIST digits, for models trained on "
+                f"split {split!r} uses the held-out MNIST digits, for models trained on "
                 f"mnist-bundled; this model was trained on {name!r}: use 'test' or 'val'"
             )
         images, labels = data.load_holdout_mnist()
+        source = f"held-out MNIST ({len(labels)} digits outside the bundled 8k)"
+        if split == "test+holdout":  # pooled: more errors, a finer error-detection AUROC
+            b_images, b_labels = data.load_bundled_mnist()
+            idx = data.bundled_split()["test"]
+            images = np.concatenate([b_images[idx], images])
+            labels = np.concatenate([b_labels[idx], labels])
+            source = f"bundled MNIST test split ({idx.size}) + {source}"
         x = _prepare_all(predictor, torch.from_numpy(images).unsqueeze(1))
-        return x, labels, f"held-out MNIST ({len(labels)} digits outside the bundled 8k)"
+        return x, labels, source
     if name == "mnist-bundled":
         images, labels = data.load_bundled_mnist()
         idx = data.bundled_split()[split]
@@ -250,8 +264,8 @@ def run_evaluation(
     from models.evaluation.report import write_report
     from models.predictor import Predictor
 
-    if split not in ("test", "val", "holdout"):
-        raise ValueError(f"split must be 'test', 'val' or 'holdout'; got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     predictor = Predictor.from_dir(model_dir)
     card = predictor.card
@@ -305,6 +319,14 @@ def run_evaluation(
     ).name
     figs["OOD detection ROC"] = plots.ood_roc_plot(
         shown, {k: ev.ood_scores[k] for k in PLOTTED_SCORES}, out_dir / "ood_roc.png"
+    ).name
+    figs["Most confident errors"] = plots.confident_errors_plot(
+        x,
+        labels,
+        ev.predictive.argmax(axis=1),
+        ev.scores["vgmu"],
+        out_dir / "confident_errors.png",
+        _card_get(card, "class_names"),
     ).name
     learned_k = _card_get(card, "learned_k")
     if learned_k is not None and len(learned_k) > 0:

@@ -9,6 +9,7 @@ Each function draws one figure, writes it to ``path`` and returns the path:
 * :func:`learned_k_plot` — the VGN's learned per-class ``k`` (paper §4.4, "Effects of learned k")
 * :func:`deferral_curve_plot` — abstain ``k`` calibration curve (deferral and accepted risk vs ``k``)
 * :func:`ood_roc_plot` — ROC curves of OOD detection per score (paper Fig. 6)
+* :func:`confident_errors_plot` — the misclassified inputs the score ranks as most certain
 """
 
 from __future__ import annotations
@@ -246,4 +247,43 @@ def ood_roc_plot(
         title=title,
     )
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def confident_errors_plot(
+    images: torch.Tensor,
+    labels: ArrayLike,
+    predictions: ArrayLike,
+    uncertainty: ArrayLike,
+    path: str | Path,
+    class_names: Sequence[str] | None = None,
+    count: int = 8,
+) -> Path:
+    """The ``count`` errors with the lowest uncertainty (the ones that cost error-detection AUROC).
+
+    ``images`` are model inputs ``(N, Cin, H, W)`` (each shown min–max scaled); each panel gives
+    the true and predicted class and the error's rank: the share of all samples that are less
+    uncertain (1.0 = the most uncertain sample, as a good score ranks every error).
+    """
+    y, pred = as_numpy(labels).astype(int), as_numpy(predictions).astype(int)
+    u = as_numpy(uncertainty).astype(np.float64)
+    wrong = np.flatnonzero(pred != y)
+    chosen = wrong[np.argsort(u[wrong], kind="stable")[:count]]
+    names = list(class_names) if class_names is not None else [str(i) for i in range(y.max() + 1)]
+    fig = _figure(1.4 * max(len(chosen), 1) + 0.4, 2.0)
+    if chosen.size == 0:
+        ax = fig.add_subplot(1, 1, 1)
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no errors", ha="center", va="center")
+        return _save(fig, path)
+    for j, i in enumerate(chosen):
+        ax = fig.add_subplot(1, len(chosen), j + 1)
+        img = images[i].detach().float().cpu()
+        img = (img - img.min()) / (img.max() - img.min()).clamp_min(1e-12)
+        ax.imshow(img.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray", vmin=0, vmax=1)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        rank = float((u < u[i]).mean())
+        ax.set_title(f"true {names[y[i]]}, pred {names[pred[i]]}\nrank {rank:.2f}", fontsize=8)
+    fig.suptitle("Most confident errors (by VGMU)", fontsize=9)
     return _save(fig, path)

@@ -97,17 +97,30 @@ def render_report(
                 metrics["aucc"].get(name),
                 s["aurc"],
                 s["eaurc"],
+                s.get("error_auroc"),
                 *[s["coverage_at_risk"][r] for r in risk_keys],
             ]
         )
     out += [
         "Mean score; AUCc (uncertainty-mass concentration, 0.5 = none; §4.2); AURC / E-AURC "
-        "(selective risk, lower is better); coverage at a target selective risk.",
+        "(selective risk, lower is better); error AUROC (telling the served errors from the "
+        "correct answers, 1 = every error more uncertain); coverage at a target selective risk.",
         "",
     ]
     out += _table(
-        ["score", "mean", "AUCc", "AURC", "E-AURC", *[f"cov@risk≤{r}" for r in risk_keys]], rows
-    )
+        ["score", "mean", "AUCc", "AURC", "E-AURC", "error AUROC",
+         *[f"cov@risk≤{r}" for r in risk_keys]],
+        rows,
+    )  # fmt: skip
+    ci = sel.get("vgmu", {}).get("error_auroc_ci95")
+    if ci is not None:
+        n_err = round(metrics["n_samples"] * (1.0 - metrics["classification"]["accuracy"]))
+        out += [
+            "",
+            f"VGMU error AUROC, 95 % bootstrap interval: {ci[0]:.3f}–{ci[1]:.3f} "
+            f"({n_err} errors among {metrics['n_samples']} samples).",
+            "",
+        ]
 
     rc = metrics["rank_consistency"]
     out += ["## Rank consistency with VGMU (§4.1)", ""]

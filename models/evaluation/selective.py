@@ -140,14 +140,45 @@ def error_detection_auroc(uncertainty: ArrayLike, errors: ArrayLike) -> float | 
     return float(roc_auc_score(e, u))
 
 
+def error_detection_auroc_ci(
+    uncertainty: ArrayLike,
+    errors: ArrayLike,
+    level: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of :func:`error_detection_auroc` (stratified, seeded).
+
+    Errors and correct answers are resampled separately (their counts stay fixed), so every
+    replicate is defined. With ``H_ij = 1[u_err_i > u_ok_j] + ½ 1[u_err_i = u_ok_j]`` computed
+    once, replicate ``b`` with multiplicities ``a_b`` (errors) and ``c_b`` (correct) is
+    ``AUROC_b = a_bᵀ H c_b / (n_err · n_ok)``. ``None`` when the AUROC is undefined. Small error
+    counts make this wide: it is the honest resolution of a target like "AUROC ≥ 0.97".
+    """
+    u, e = _inputs(uncertainty, errors)
+    if e.all() or not e.any():
+        return None
+    err, ok = u[e == 1], u[e == 0]
+    h = (err[:, None] > ok[None, :]) + 0.5 * (err[:, None] == ok[None, :])  # (n_err, n_ok)
+    rng = np.random.default_rng(seed)
+    a = rng.multinomial(err.size, np.full(err.size, 1.0 / err.size), size=n_boot)  # (B, n_err)
+    c = rng.multinomial(ok.size, np.full(ok.size, 1.0 / ok.size), size=n_boot)  # (B, n_ok)
+    reps = np.einsum("bi,ij,bj->b", a, h, c, optimize=True) / (err.size * ok.size)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(reps, [tail, 1.0 - tail])
+    return float(lo), float(hi)
+
+
 def selective_metrics(
     uncertainty: ArrayLike,
     errors: ArrayLike,
     target_risks: tuple[float, ...] = DEFAULT_TARGET_RISKS,
+    with_ci: bool = False,
 ) -> dict:
     """AURC, E-AURC, error-detection AUROC and coverage at each target risk for one score
-    (JSON-ready)."""
-    return {
+    (JSON-ready); ``with_ci`` adds the AUROC's 95 % bootstrap interval (``error_auroc_ci95``,
+    about 0.3 s for 1,600 samples, so only for the served score)."""
+    out = {
         "aurc": aurc(uncertainty, errors),
         "error_auroc": error_detection_auroc(uncertainty, errors),
         "eaurc": excess_aurc(uncertainty, errors),
@@ -155,3 +186,6 @@ def selective_metrics(
             f"{r:g}": coverage_at_risk(uncertainty, errors, r)["coverage"] for r in target_risks
         },
     }
+    if with_ci:
+        out["error_auroc_ci95"] = error_detection_auroc_ci(uncertainty, errors)
+    return out

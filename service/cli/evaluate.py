@@ -30,10 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--split",
-        choices=("test", "val", "holdout"),
+        choices=("test", "val", "holdout", "test+holdout"),
         default="test",
         help="data split (default: test); holdout: the 2,000 MNIST digits outside the bundled "
-        "8k, never used for training or any choice (mnist-bundled models only)",
+        "8k, never used for training or any choice; test+holdout: both pooled (mnist-bundled "
+        "models only)",
     )
     p.add_argument(
         "--data-root",
@@ -68,10 +69,17 @@ def run(args: argparse.Namespace) -> int:
     cls = metrics["classification"]
     ood = metrics.get("ood") or {}
     vgmu_ood = (ood.get("scores") or {}).get("vgmu", {})
+    vgmu = metrics["selective"]["vgmu"]
+    err_auroc = "undefined"
+    if vgmu.get("error_auroc") is not None:
+        lo, hi = vgmu["error_auroc_ci95"]
+        err_auroc = f"{vgmu['error_auroc']:.3f} (95 % CI {lo:.3f}-{hi:.3f})"
+    abst = metrics["abstention"]
     print(
         f"{metrics['model']['name']} on {metrics['data']}: accuracy {cls['accuracy']:.4f}, "
-        f"ECE {cls['ece']:.4f}, AURC(VGMU) {metrics['selective']['vgmu']['aurc']:.4f}, "
-        f"OOD AUROC(VGMU) {vgmu_ood.get('auroc', float('nan')):.4f}",
+        f"ECE {cls['ece']:.4f}, deferral {abst['deferral']:.3f} at abstain_k "
+        f"{abst['abstain_k']:.3g}, AURC(VGMU) {vgmu['aurc']:.4f}, error-detection AUROC(VGMU) "
+        f"{err_auroc}, OOD AUROC(VGMU) {vgmu_ood.get('auroc', float('nan')):.4f}",
         file=sys.stdout,
     )
     print(f"wrote {out / 'metrics.json'}, {out / 'report.md'} and {len(metrics['plots'])} plots")

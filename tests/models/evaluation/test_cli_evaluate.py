@@ -50,9 +50,12 @@ def test_vge_evaluate_writes_metrics_plots_and_report(
 
     for name in metrics["plots"].values():
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
-    assert {"reliability.png", "margin_variance.png", "learned_k.png"} <= set(
-        metrics["plots"].values()
-    )
+    assert {
+        "reliability.png",
+        "margin_variance.png",
+        "learned_k.png",
+        "confident_errors.png",
+    } <= set(metrics["plots"].values())
     report = (out / "report.md").read_text(encoding="utf-8")
     assert (
         "# Evaluation: tiny-lle-vgn" in report

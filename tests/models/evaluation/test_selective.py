@@ -11,6 +11,7 @@ from models.evaluation.selective import (
     aurc,
     coverage_at_risk,
     error_detection_auroc,
+    error_detection_auroc_ci,
     excess_aurc,
     optimal_aurc,
     risk_coverage_curve,
@@ -98,3 +99,23 @@ def test_error_detection_auroc_hand_computed() -> None:
     assert error_detection_auroc([0.9, 0.1], [0, 1]) == 0.0
     assert error_detection_auroc([0.1, 0.2], [0, 0]) is None  # no error: undefined
     assert error_detection_auroc([0.1, 0.2], [1, 1]) is None
+
+
+def test_error_detection_auroc_ci_brackets_the_estimate_and_narrows_with_more_errors() -> None:
+    rng = np.random.default_rng(0)
+
+    def sample(n: int, rate: float) -> tuple[np.ndarray, np.ndarray]:
+        e = rng.random(n) < rate
+        return rng.normal(loc=e * 1.5), e  # errors score higher on average: AUROC ≈ 0.86
+
+    u, e = sample(1600, 0.01)
+    lo, hi = error_detection_auroc_ci(u, e)
+    assert lo <= error_detection_auroc(u, e) <= hi
+    assert error_detection_auroc_ci(u, e) == (lo, hi)  # seeded: reproducible
+    u2, e2 = sample(1600, 0.2)
+    lo2, hi2 = error_detection_auroc_ci(u2, e2)
+    assert hi2 - lo2 < (hi - lo) / 2  # 320 errors resolve it far better than 16
+    assert error_detection_auroc_ci([0.1, 0.2], [0, 0]) is None
+    perfect = error_detection_auroc_ci([0.1, 0.2, 0.9], [0, 0, 1])
+    assert perfect == (1.0, 1.0)
+    assert "error_auroc_ci95" in selective_metrics(u, e, with_ci=True)
