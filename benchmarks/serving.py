@@ -9,7 +9,8 @@ score of 64-image batches in one process, no HTTP.
 
     python -m benchmarks.serving                      # all targets, 3 rounds, 4 s per run
     python -m benchmarks.serving --targets vge litserve --rounds 1 --duration 2
-    python -m benchmarks.serving --targets vge vge:cnn4-lle-vgn-mnist   # default vs a zoo model
+    python -m benchmarks.serving --targets vge:lenet5-lle-vgn-mnist pytriton:lenet5-lle-vgn-mnist
+                                      # <server>:<model>: any zoo model behind any server
 
 Peers are benchmark-only (never runtime dependencies): LitServe from PyPI in this venv
 (``pip install litserve``); PyTriton 0.7 in its own Python 3.11 venv with ``numpy<2``, given by
@@ -140,25 +141,29 @@ def targets(
     out: list[Target] = []
     for name in names:
         port = _free_port()
-        if name == "vge" or name.startswith("vge:") or name == "vge-lenet5":
+        # "<server>:<model>" puts a zoo model (or a model directory) behind that server, e.g.
+        # "pytriton:lenet5-lle-vgn-mnist"; without it every server serves the shipped default.
+        server, _, model = name.partition(":")
+        if name == "vge-lenet5":  # the paper's LeNet-5, for the model's share of the cost
+            server, model = "vge", "lenet5-lle-vgn-mnist"
+        model_env = {"VGE_MODEL_DIR": model} if model else {}
+        if server == "vge":
             env = {**base, "VGE_HOST": "127.0.0.1", "VGE_PORT": str(port), "VGE_DEVICE": vge_device,
                    "VGE_LOG_LEVEL": "warning", "VGE_JOBS_DB_URL": f"sqlite:///{workdir}/jobs.db",
-                   "VGE_JOBS_DIR": str(workdir / "jobs"), "VGE_MAX_QUEUE_LENGTH": "8192"}  # fmt: skip
-            if name == "vge-lenet5":  # the paper's LeNet-5, for the model's share of the cost
-                env["VGE_MODEL_DIR"] = "lenet5-lle-vgn-mnist"
-            elif name.startswith("vge:"):  # vge serving another zoo model, e.g. a previous default
-                env["VGE_MODEL_DIR"] = name.removeprefix("vge:")
+                   "VGE_JOBS_DIR": str(workdir / "jobs"), "VGE_MAX_QUEUE_LENGTH": "8192",
+                   **model_env}  # fmt: skip
             t = Target(name, [sys.executable, "-m", "service.cli.serve"], env, "/v1/predict",
                        "/readyz")  # fmt: skip
-        elif name in ("litserve", "litserve-scaled"):
-            args = ["--workers", "2", "--api-servers", "2"] if name == "litserve-scaled" else []
+        elif server in ("litserve", "litserve-scaled"):
+            args = ["--workers", "2", "--api-servers", "2"] if server == "litserve-scaled" else []
             t = Target(name, [sys.executable, "-m", "benchmarks.peers.litserve_app", "--port",
-                              "{port}", *args], base, "/v1/predict", "/health")  # fmt: skip
-        elif name == "pytriton":
+                              "{port}", *args], {**base, **model_env}, "/v1/predict",
+                       "/health")  # fmt: skip
+        elif server == "pytriton":
             if not pytriton_python or not Path(pytriton_python).exists():
                 print(f"skipping pytriton: no interpreter at {pytriton_python}", file=sys.stderr)
                 continue
-            env = {**base, "PYTHONPATH": str(REPO)}
+            env = {**base, "PYTHONPATH": str(REPO), **model_env}
             t = Target(name, [pytriton_python, "-m", "benchmarks.peers.pytriton_app", "--http-port",
                               "{port}", "--grpc-port", "{p1}", "--metrics-port", "{p2}"], env,
                        "/v2/models/vge/infer", "/v2/models/vge/ready", body_kind="pytriton")  # fmt: skip
@@ -214,16 +219,18 @@ def run_lua(url: str, lua: Path, conc: int, duration: float) -> dict:
     return {"rps": rps, "p50": pct("50"), "p99": pct("99"), "errors": n_err}
 
 
-def in_process_ceiling(pngs: list[bytes], seconds: float = 3.0) -> float:
+def in_process_ceiling(pngs: list[bytes], seconds: float = 3.0, model: str | None = None) -> float:
     """images/s for decode + conform + forward + score + JSON records of 64-image batches in one
-    process (no HTTP, no IPC): the same library calls as the served path, at its best."""
+    process (no HTTP, no IPC): the same library calls as the served path, at its best. ``model``:
+    a zoo name or directory (default: the shipped default)."""
     from torchvision.io import ImageReadMode, decode_image
 
     from models.predictor import Predictor
-    from models.zoo import default_model_dir
+    from models.zoo import default_model_dir, zoo_model_dir
 
     torch.set_num_threads(1)
-    predictor = Predictor.from_dir(default_model_dir(), device="cpu")
+    model_dir = (zoo_model_dir(model) or Path(model)) if model else default_model_dir()
+    predictor = Predictor.from_dir(model_dir, device="cpu")
     batch = pngs[:64]
     options = predictor.options(top_k=5)
     names = list(predictor.card.class_names)
@@ -293,7 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pytriton-python", default="/tmp/pytriton-venv/bin/python")
     parser.add_argument("--vge-device", default="cpu", help="VGE_DEVICE for the vge target")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--model", default=None,
+                        help="zoo model (or directory) behind every target without its own "
+                             "':<model>', and for the in-process ceiling; default: the shipped "
+                             "default")  # fmt: skip
+    parser.add_argument("--section", default="Serving side by side",
+                        help="docs/benchmarks.md section to (re)write")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.model:
+        args.targets = [t if ":" in t or t == "vge-lenet5" else f"{t}:{args.model}"
+                        for t in args.targets]  # fmt: skip
     if shutil.which("wrk") is None:
         print("benchmarks.serving: error: needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
@@ -313,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 extra = f'wrk.headers["Inference-Header-Content-Length"] = "{head_len}"'
                 bodies[(kind, n)] = (path, "application/octet-stream", extra)
 
-    ceiling = in_process_ceiling(pngs)
+    ceiling = in_process_ceiling(pngs, model=args.model)
     print(f"in-process ceiling (64-image batches): {ceiling:,.0f} images/s", flush=True)
     runs = targets(args.targets, args.pytriton_python, workdir, args.vge_device)
     results: dict[tuple[str, int, int], list[dict]] = {}
@@ -327,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                 t.start()
                 try:
                     memory.setdefault(t.name, pss_mb(t.proc.pid))  # type: ignore[union-attr]
-                    if t.name == "vge" and "vge-processes" not in breakdown:
+                    if t.name.partition(":")[0] == "vge" and "vge-processes" not in breakdown:
                         breakdown["vge-processes"] = pss_by_process(t.proc.pid)  # type: ignore[union-attr]
                     for images, levels in ((1, args.levels), (64, args.batch_levels)):
                         body, ctype, extra = bodies[(t.body_kind, images)]
@@ -384,8 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.report import write_section
 
         write_section(
-            "Serving side by side"
-            + ("" if args.vge_device == "cpu" else f" (vge on {args.vge_device})"),
+            args.section + ("" if args.vge_device == "cpu" else f" (vge on {args.vge_device})"),
             f"python -m benchmarks.serving {' '.join(argv or sys.argv[1:])}".strip(),
             table,
         )

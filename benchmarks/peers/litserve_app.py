@@ -19,11 +19,11 @@ class VGEAPI(ls.LitAPI):
     """LitServe API wrapping :class:`models.predictor.Predictor`."""
 
     def setup(self, device: str) -> None:
+        from benchmarks.peers import model_dir
         from models.predictor import Predictor
-        from models.zoo import default_model_dir
 
         torch.set_num_threads(1)
-        self.predictor = Predictor.from_dir(default_model_dir(), device=device)
+        self.predictor = Predictor.from_dir(model_dir(), device=device)
 
     def decode_request(self, request, **kwargs):  # noqa: ANN001, ANN201 - LitServe reads the annotations
         files = request.getlist("images")

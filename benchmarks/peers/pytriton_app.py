@@ -21,8 +21,8 @@ from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
 from torchvision.io import ImageReadMode, decode_image
 
+from benchmarks.peers import model_dir
 from models.predictor import Predictor
-from models.zoo import default_model_dir
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--metrics-port", type=int, default=8004)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    predictor = Predictor.from_dir(default_model_dir(), device="cpu")
+    predictor = Predictor.from_dir(model_dir(), device="cpu")
 
     @batch
     def infer(images: np.ndarray) -> dict[str, np.ndarray]:

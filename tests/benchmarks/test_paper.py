@@ -119,11 +119,6 @@ def test_selective_and_error_detection_match_shipped_functions(
         assert r.error_auroc["vgmu"] > 0.6
 
 
-def test_error_detection_auroc_edge_cases() -> None:
-    assert paper.error_detection_auroc(np.array([0.1, 0.2]), np.array([False, False])) is None
-    assert paper.error_detection_auroc(np.array([0.1, 0.9]), np.array([False, True])) == 1.0
-
-
 def test_aucc_and_rank_tables(results: list[paper.ConfigResult]) -> None:
     a = paper.aucc_table(results)
     assert a.header[1:6] == ["AUCc VGMU", "AUCc EU", "AUCc MI", "AUCc EPKL", "AUCc EPJS"]
