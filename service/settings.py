@@ -75,7 +75,8 @@ class Settings(BaseSettings):
     workers: Annotated[int, Field(ge=0, le=256)] = Field(
         0,
         description="HTTP front-end processes (parse, decode, respond); 0: one per CPU available "
-        "to this process. One engine process per device owns the model and the batcher.",
+        "to this process but one, which is left to the engine (at least 1). One engine process "
+        "per device owns the model and the batcher.",
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -260,15 +261,21 @@ class Settings(BaseSettings):
         return self.max_queue_delay_ms / 1000.0
 
     def resolved_workers(self) -> int:
-        """Front-end processes: ``workers``, else the CPUs this process may run on."""
+        """Front-end processes: ``workers``, else the CPUs this process may run on minus one.
+
+        The engine needs a core of its own (on a CPU its forward pass, on a GPU the Python thread
+        that feeds the device): on a 2-core box one front end served 10–40 % more requests than
+        two (docs/benchmarks.md, "Front ends per core").
+        """
         import os
 
         if self.workers:
             return self.workers
         try:
-            return max(1, len(os.sched_getaffinity(0)))
+            cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
-            return max(1, os.cpu_count() or 1)
+            cpus = os.cpu_count() or 1
+        return max(1, cpus - 1)
 
     def resolved_compile(self) -> bool:
         """Whether the engine compiles (``auto``: on CUDA devices only)."""

@@ -19,7 +19,7 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("model_dir", Path, "model directory to serve (VGE_MODEL_DIR; default: shipped model)"),
     ("models_root", Path, "where trained models land / promote looks (VGE_MODELS_ROOT)"),
     ("device", str, "auto, cpu, cuda, cuda:N, mps (VGE_DEVICE; default auto)"),
-    ("workers", int, "HTTP front-end processes, 0 = one per CPU (VGE_WORKERS; default 0)"),
+    ("workers", int, "HTTP front-end processes, 0 = one per CPU but one (VGE_WORKERS; default 0)"),
     ("compile", str, "auto, on, off: torch.compile the engine (VGE_COMPILE; auto = on CUDA)"),
     ("shm_mb_per_worker", int, "shared-memory arena per front end, MiB (VGE_SHM_MB_PER_WORKER)"),
     ("max_batch_size", int, "images per forward pass (VGE_MAX_BATCH_SIZE; default 32)"),

@@ -51,3 +51,14 @@ def test_cli_reports_bad_settings_in_one_line() -> None:
     )  # fmt: skip
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "VGE_DEVICE" in r.stderr
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(1, 1), (2, 1), (16, 15)])
+def test_default_front_ends_leave_a_core_to_the_engine(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, expected: int
+) -> None:
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    assert Settings(workers=0).resolved_workers() == expected
+    assert Settings(workers=3).resolved_workers() == 3  # an explicit count is kept
