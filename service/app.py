@@ -29,6 +29,10 @@ from service.settings import Settings
 log = logging.getLogger("vge.service")
 
 
+#: How long a starting front end waits for its engine link before it accepts connections anyway.
+STARTUP_ENGINE_WAIT_S = 10.0
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start-up: connect to the engine, start the decode pool. Shutdown: disconnect."""
@@ -40,6 +44,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if state.settings.review_enabled:
         state.reviews = open_review_store(state.settings)
     _warm_up_decoding()
+    # Accept no connection before the engine link is up (bounded): the listening socket is shared,
+    # so a front end still starting would otherwise take requests from a ready sibling and answer
+    # them 503. After the bound (a model still loading) it serves, /readyz saying 503 meanwhile.
+    await state.engine.wait_ready(STARTUP_ENGINE_WAIT_S)
     grpc_server = None
     if state.settings.grpc_port:
         from service.grpc_v2 import start_grpc
