@@ -219,6 +219,20 @@ def run_lua(url: str, lua: Path, conc: int, duration: float) -> dict:
     return {"rps": rps, "p50": pct("50"), "p99": pct("99"), "errors": n_err}
 
 
+def summarise(runs: list[dict]) -> tuple[float, str, float, float, int]:
+    """Rounds of one level -> (median req/s, "median (min–max)" cell, median p50, median p99,
+    total errors): the columns both serving tables report."""
+    rps = [x["rps"] for x in runs]
+    med = statistics.median(rps)
+    return (
+        med,
+        f"{med:,.0f} ({min(rps):,.0f}–{max(rps):,.0f})",
+        statistics.median(x["p50"] for x in runs),
+        statistics.median(x["p99"] for x in runs),
+        sum(x["errors"] for x in runs),
+    )
+
+
 def in_process_ceiling(pngs: list[bytes], seconds: float = 3.0, model: str | None = None) -> float:
     """images/s for decode + conform + forward + score + JSON records of 64-image batches in one
     process (no HTTP, no IPC): the same library calls as the served path, at its best. ``model``:
@@ -385,14 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for (name, images, conc), rs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        rps = [x["rps"] for x in rs]
-        med = statistics.median(rps)
-        p50 = statistics.median(x["p50"] for x in rs)
-        p99 = statistics.median(x["p99"] for x in rs)
-        errs = sum(x["errors"] for x in rs)
+        med, cell, p50, p99, errs = summarise(rs)
         lines.append(
-            f"| {images} | {conc} | {name} | {med:,.0f} ({min(rps):,.0f}–{max(rps):,.0f}) | "
-            f"{med * images:,.0f} | {p50:.1f} | {p99:.1f} | {errs} |"
+            f"| {images} | {conc} | {name} | {cell} | {med * images:,.0f} | {p50:.1f} | "
+            f"{p99:.1f} | {errs} |"
         )
     table = "\n".join(lines)
     print(table)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.serving import BOUNDARY, _pngs, multipart, targets, wrk
+from benchmarks.serving import BOUNDARY, _pngs, multipart, summarise, targets, wrk
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,12 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for (model, n, conc), rs in sorted(results.items()):
-        rps = [x["rps"] for x in rs]
-        lines.append(
-            f"| {model} | {n} | {conc} | {statistics.median(rps):,.0f} ({min(rps):,.0f}–"
-            f"{max(rps):,.0f}) | {statistics.median(x['p50'] for x in rs):.1f} | "
-            f"{statistics.median(x['p99'] for x in rs):.1f} | {sum(x['errors'] for x in rs)} |"
-        )
+        _, cell, p50, p99, errs = summarise(rs)
+        lines.append(f"| {model} | {n} | {conc} | {cell} | {p50:.1f} | {p99:.1f} | {errs} |")
     table = "\n".join(lines)
     print(table)
     if not args.no_write:

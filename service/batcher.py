@@ -125,8 +125,7 @@ class Batcher:
         """
         self._admitting = False
         self._closing = True
-        self._hurry = True
-        self._wakeup.set()
+        self.hurry()
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout_s)

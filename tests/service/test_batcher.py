@@ -139,19 +139,27 @@ def test_a_batch_never_mixes_models(tiny_model: Path, pixels: torch.Tensor) -> N
     assert not np.allclose(a.data, b.data)
 
 
+async def _slow_batcher_with_queued(
+    predictor: Predictor, pixels: torch.Tensor, opts: ScoreOptions, n: int
+) -> tuple[Batcher, list[asyncio.Task]]:
+    """A started batcher that would wait 5 s for a fuller batch, holding ``n`` one-image requests."""
+    batcher = _batcher(max_delay_s=5.0)
+    batcher.start()
+    queued = [
+        asyncio.create_task(batcher.submit(predictor, "tiny", pixels[i : i + 1], opts, 30.0))
+        for i in range(n)
+    ]
+    await asyncio.sleep(0.05)
+    return batcher, queued
+
+
 def test_drain_computes_what_is_queued_then_refuses(
     predictor: Predictor, pixels: torch.Tensor
 ) -> None:
     opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
 
     async def main() -> None:
-        batcher = _batcher(max_delay_s=5.0)  # would wait 5 s for a fuller batch
-        batcher.start()
-        queued = [
-            asyncio.create_task(batcher.submit(predictor, "tiny", pixels[i : i + 1], opts, 30.0))
-            for i in range(5)
-        ]
-        await asyncio.sleep(0.05)
+        batcher, queued = await _slow_batcher_with_queued(predictor, pixels, opts, 5)
         t0 = asyncio.get_running_loop().time()
         await batcher.drain(10.0)
         assert asyncio.get_running_loop().time() - t0 < 2.0  # flushed, not after the 5 s wait
@@ -169,14 +177,8 @@ def test_hurry_runs_batches_at_once_and_keeps_admitting(
     opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
 
     async def main() -> None:
-        batcher = _batcher(max_delay_s=5.0)  # would wait 5 s for a fuller batch
-        batcher.start()
+        batcher, queued = await _slow_batcher_with_queued(predictor, pixels, opts, 3)
         loop = asyncio.get_running_loop()
-        queued = [
-            asyncio.create_task(batcher.submit(predictor, "tiny", pixels[i : i + 1], opts, 30.0))
-            for i in range(3)
-        ]
-        await asyncio.sleep(0.05)
         t0 = loop.time()
         batcher.hurry()
         assert [len(r) for r in await asyncio.gather(*queued)] == [1] * 3
