@@ -1,17 +1,44 @@
 #!/usr/bin/env bash
-# One prepared run for a lent GPU host (≤ 5 minutes): the GPU tests, the served-decision kernels,
-# and vge serve on CUDA vs the same host's CPU. Output goes to stdout and docs/benchmarks.md.
+# One prepared run for a lent GPU host (about 5 minutes): the GPU tests, the served-decision
+# kernels, and vge serve on CUDA beside LitServe scaled out and beside the same host's CPU.
+# Results go to stdout and docs/benchmarks.md (a copy and the log to $OUT when it is set).
 #   bash benchmarks/gpu.sh
+# Offline hosts: put wheels of what the host's python3 lacks in .whl/ (and wrk in .whl/bin with
+# its libluajit in .whl/lib); they are installed to /tmp/site and the image's torch is used.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m venv .venv >/dev/null 2>&1 || true
-.venv/bin/pip install -q -e '.[test]' || exit 1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-.venv/bin/python -m pytest -q tests/gpu tests/models/test_predictor.py -p no:cacheprovider
-.venv/bin/python -m benchmarks.decision --device cuda --compile
-command -v wrk >/dev/null || { apt-get install -y -qq wrk >/dev/null 2>&1 || true; }
-# vge on CUDA (default: auto) and pinned to the CPU, same host, single- and 64-image requests
-.venv/bin/python -m benchmarks.serving --targets vge --vge-device cuda --levels 64 256 \
-  --batch-levels 16 64 --rounds 1 --duration 5
-.venv/bin/python -m benchmarks.serving --targets vge --vge-device cpu --levels 64 256 \
-  --batch-levels 16 64 --rounds 1 --duration 5 --no-write
+OUT=${OUT:-/tmp/vge-gpu}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu.log") 2>&1
+step() { echo; echo "=== $* ($(date +%T))"; }
+save() { cp docs/benchmarks.md "$OUT/benchmarks.md"; }
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD PATH=$PWD/.whl/bin:$PATH
+  export LD_LIBRARY_PATH=$PWD/.whl/lib:${LD_LIBRARY_PATH:-}
+  PY=python3
+else
+  python3 -m venv .venv >/dev/null 2>&1 || true
+  .venv/bin/pip install -q -e '.[test,bench]' || exit 1
+  PY=.venv/bin/python
+  command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 || true
+fi
+export PYTHONUNBUFFERED=1
+step environment
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+nproc
+$PY -c "import torch, torchvision, fastapi, uvicorn, litserve, service.app; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available(), 'torchvision', torchvision.__version__)"
+step GPU tests
+timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu tests/models/test_serving.py \
+  tests/models/test_predictor.py
+step served decision kernels
+timeout 60 $PY -m benchmarks.decision --device cuda --compile; save
+step "vge on CUDA beside LitServe scaled out (2 workers, 8 API servers)"
+timeout 170 $PY -m benchmarks.serving --targets vge litserve-scaled --vge-device cuda \
+  --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
+  --duration 4 --section "GPU host"; save
+step "vge on the same host's CPU"
+timeout 80 $PY -m benchmarks.serving --targets vge --vge-device cpu --wrk-threads 4 \
+  --levels 64 256 --batch-levels 16 --rounds 1 --duration 4 --section "GPU host, vge on its CPU"
+save
+step done

@@ -135,7 +135,11 @@ class Target:
 
 
 def targets(
-    names: list[str], pytriton_python: str | None, workdir: Path, vge_device: str = "cpu"
+    names: list[str],
+    pytriton_python: str | None,
+    workdir: Path,
+    vge_device: str = "cpu",
+    litserve_scale: tuple[int, int] = (2, 2),
 ) -> list[Target]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
     out: list[Target] = []
@@ -155,7 +159,12 @@ def targets(
             t = Target(name, [sys.executable, "-m", "service.cli.serve"], env, "/v1/predict",
                        "/readyz")  # fmt: skip
         elif server in ("litserve", "litserve-scaled"):
-            args = ["--workers", "2", "--api-servers", "2"] if server == "litserve-scaled" else []
+            w, a = litserve_scale
+            args = (
+                ["--workers", str(w), "--api-servers", str(a)]
+                if server == "litserve-scaled"
+                else []
+            )
             t = Target(name, [sys.executable, "-m", "benchmarks.peers.litserve_app", "--port",
                               "{port}", *args], {**base, **model_env}, "/v1/predict",
                        "/health")  # fmt: skip
@@ -184,6 +193,10 @@ wrk.headers["Content-Type"] = "{ctype}"
 """
 
 
+#: wrk's threads (at most one per connection); ``--wrk-threads``.
+WRK_THREADS = 2
+
+
 def wrk(url: str, body_file: Path, ctype: str, extra: str, conc: int, duration: float) -> dict:
     """One wrk run posting ``body_file`` (content type ``ctype``) to ``url``."""
     lua = body_file.with_suffix(".lua")
@@ -193,7 +206,7 @@ def wrk(url: str, body_file: Path, ctype: str, extra: str, conc: int, duration: 
 
 def run_lua(url: str, lua: Path, conc: int, duration: float) -> dict:
     """One wrk run driven by the Lua script ``lua``: req/s, p50/p99 ms and the error count."""
-    threads = max(1, min(conc, 2))
+    threads = max(1, min(conc, WRK_THREADS))
     out = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{conc}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "30s",
          "-s", str(lua), url],
@@ -233,10 +246,12 @@ def summarise(runs: list[dict]) -> tuple[float, str, float, float, int]:
     )
 
 
-def in_process_ceiling(pngs: list[bytes], seconds: float = 3.0, model: str | None = None) -> float:
+def in_process_ceiling(
+    pngs: list[bytes], seconds: float = 3.0, model: str | None = None, device: str = "cpu"
+) -> float:
     """images/s for decode + conform + forward + score + JSON records of 64-image batches in one
     process (no HTTP, no IPC): the same library calls as the served path, at its best. ``model``:
-    a zoo name or directory (default: the shipped default)."""
+    a zoo name or directory (default: the shipped default); ``device``: where the model runs."""
     from torchvision.io import ImageReadMode, decode_image
 
     from models.predictor import Predictor
@@ -244,7 +259,7 @@ def in_process_ceiling(pngs: list[bytes], seconds: float = 3.0, model: str | Non
 
     torch.set_num_threads(1)
     model_dir = (zoo_model_dir(model) or Path(model)) if model else default_model_dir()
-    predictor = Predictor.from_dir(model_dir, device="cpu")
+    predictor = Predictor.from_dir(model_dir, device=device)
     batch = pngs[:64]
     options = predictor.options(top_k=5)
     names = list(predictor.card.class_names)
@@ -313,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=4.0)
     parser.add_argument("--pytriton-python", default="/tmp/pytriton-venv/bin/python")
     parser.add_argument("--vge-device", default="cpu", help="VGE_DEVICE for the vge target")
+    parser.add_argument("--litserve-scale", nargs=2, type=int, default=[2, 2],
+                        metavar=("WORKERS", "API_SERVERS"),
+                        help="litserve-scaled: workers per device and API servers")  # fmt: skip
+    parser.add_argument("--wrk-threads", type=int, default=2, help="load-client threads")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--model", default=None,
                         help="zoo model (or directory) behind every target without its own "
@@ -324,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.model:
         args.targets = [t if ":" in t or t == "vge-lenet5" else f"{t}:{args.model}"
                         for t in args.targets]  # fmt: skip
+    global WRK_THREADS
+    WRK_THREADS = args.wrk_threads
     if shutil.which("wrk") is None:
         print("benchmarks.serving: error: needs wrk (apt-get install wrk)", file=sys.stderr)
         return 2
@@ -343,9 +364,10 @@ def main(argv: list[str] | None = None) -> int:
                 extra = f'wrk.headers["Inference-Header-Content-Length"] = "{head_len}"'
                 bodies[(kind, n)] = (path, "application/octet-stream", extra)
 
-    ceiling = in_process_ceiling(pngs, model=args.model)
+    ceiling = in_process_ceiling(pngs, model=args.model, device=args.vge_device)
     print(f"in-process ceiling (64-image batches): {ceiling:,.0f} images/s", flush=True)
-    runs = targets(args.targets, args.pytriton_python, workdir, args.vge_device)
+    runs = targets(args.targets, args.pytriton_python, workdir, args.vge_device,
+                   tuple(args.litserve_scale))  # fmt: skip
     results: dict[tuple[str, int, int], list[dict]] = {}
     memory: dict[str, float] = {}
     breakdown: dict[str, dict[str, float]] = {}

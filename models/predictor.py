@@ -28,14 +28,23 @@ from torch import Tensor, nn
 from models.checkpoint import ModelCard, load_checkpoint
 from models.data import conform_image, normalise_uint8
 from models.ensembles import EnsembleOutput
-from models.serving import ScoreColumns, ScoreOptions, decide, resolve_options
+from models.serving import ScoreColumns, ScoreOptions, compile_decide, decide, resolve_options
 
-__all__ = ["Predictor", "default_device"]
+__all__ = ["Predictor", "bucket_sizes", "default_device"]
 
 
 def default_device() -> torch.device:
     """``cuda`` when available, else ``cpu``."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def bucket_sizes(max_batch: int) -> tuple[int, ...]:
+    """The power-of-two batch buckets a compiled predictor runs for batches up to ``max_batch``:
+    ``1, 2, 4, …`` up to the first power of two ``>= max_batch``."""
+    out = [1]
+    while out[-1] < max_batch:
+        out.append(out[-1] * 2)
+    return tuple(out)
 
 
 class Predictor:
@@ -54,6 +63,11 @@ class Predictor:
     def from_dir(cls, model_dir: str | Path, device: str | torch.device | None = None) -> Predictor:
         """Load and verify ``model_dir`` (see :func:`models.checkpoint.load_checkpoint`)."""
         dev = torch.device(device) if device is not None else default_device()
+        if dev.type == "cuda":
+            # Full float32 convolutions and matmuls (cuDNN allows TF32 by default): a GPU answers
+            # what the CPU answers, to float32 round-off, so thresholds calibrated anywhere hold.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         module, card = load_checkpoint(model_dir, dev)
         return cls(module, card, dev)
 
@@ -164,15 +178,24 @@ class Predictor:
     def compile(self, warm_up: tuple[int, ...] = (1,)) -> bool:
         """Compile the forward pass and the decision with ``torch.compile`` (CUDA graphs on a GPU).
 
-        Batches are padded to power-of-two buckets (:meth:`run`), so each bucket is compiled (and
-        on CUDA captured as a graph) once. Compiles now for the ``warm_up`` batch sizes; falls back
-        to eager execution, with a warning, when compilation fails. Returns whether it compiled.
+        Batches are padded to power-of-two buckets (:meth:`run`, :func:`models.serving.compile_decide`),
+        so each bucket is captured as a CUDA graph once; shapes are compiled with automatic
+        dynamic batch sizes, so a handful of compilations cover every bucket. Compiles now for the
+        ``warm_up`` batch sizes (see :func:`bucket_sizes`); falls back to eager execution, with a
+        warning, when compilation fails. Returns whether it compiled.
         """
+        import torch._dynamo
+
         eager_module, eager_decide = self.module, self._decide
         try:
             mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self.module = torch.compile(eager_module, mode=mode, dynamic=False)
-            self._decide = torch.compile(decide, dynamic=False)
+            for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.6
+                if hasattr(torch._dynamo.config, name):
+                    setattr(
+                        torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name))
+                    )
+            self.module = torch.compile(eager_module, mode=mode)
+            self._decide = compile_decide(bucketed=True)
             self._compiled = True
             c, h, w = self.card.in_channels, *self.card.input_size
             for n in warm_up:

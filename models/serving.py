@@ -17,7 +17,7 @@ The answer's member set is chosen once, in :meth:`models.predictor.Predictor.opt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from models.uncertainty.decomposition import entropy_decomposition
-from models.uncertainty.margin import margin_score
+from models.uncertainty.margin import check_abstain_k, margin_score_unchecked
 
 Members = Literal["p", "q"]
 
@@ -80,6 +80,30 @@ def resolve_options(
     return ScoreOptions(abstain_k=float(k), members=which, top_k=n)  # type: ignore[arg-type]
 
 
+def decision_core(members: Tensor, abstain_k: float | Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The served decision's arithmetic, with no host synchronisation (what ``torch.compile`` fuses).
+
+    ``members`` ``(B, M, C)``; ``abstain_k`` a float or a 0-d tensor on ``members``' device (not
+    checked here). Returns ``fixed`` ``(B, 7)`` float64 (:data:`FIXED_COLUMNS`), and the classes of
+    the mean sorted by descending probability ``(B, C)`` with those probabilities ``(B, C)``
+    (stable: ties list the lowest class first, like the argmax that predicts).
+    """
+    margin = margin_score_unchecked(members, abstain_k)  # Section 3.2
+    dec = entropy_decomposition(members)  # Section 3.3
+    mean = members.mean(dim=1)  # (B, C)
+    top_p, top_i = mean.sort(dim=-1, descending=True, stable=True)
+    fixed = torch.stack(
+        (margin.prediction, margin.abstain, margin.vgmu, margin.snr, dec.tu, dec.au, dec.eu), dim=1
+    ).to(torch.float64)  # (B, 7)
+    return fixed, top_i, top_p
+
+
+def pack(fixed: Tensor, top_i: Tensor, top_p: Tensor, top_k: int) -> Tensor:
+    """``(B, 7)``, ``(B, C)``, ``(B, C)`` -> the packed ``(B, 7 + 2n)`` float64 block, ``n = top_k``."""
+    n = top_k
+    return torch.cat((fixed, top_i[:, :n].to(torch.float64), top_p[:, :n].to(torch.float64)), 1)
+
+
 def decide(members: Tensor, abstain_k: float, top_k: int) -> Tensor:
     """The served decision for member probabilities ``(B, M, C)``, packed as ``(B, 7 + 2n)`` float64.
 
@@ -88,15 +112,39 @@ def decide(members: Tensor, abstain_k: float, top_k: int) -> Tensor:
     first listed class *is* the prediction), then their mean probabilities. Everything is computed
     where ``members`` lives; float64 holds the class indices exactly.
     """
-    margin = margin_score(members, abstain_k)  # Section 3.2
-    dec = entropy_decomposition(members)  # Section 3.3
-    mean = members.mean(dim=1)  # (B, C)
-    top_p, top_i = mean.sort(dim=-1, descending=True, stable=True)
-    n = top_k
-    fixed = torch.stack(
-        (margin.prediction, margin.abstain, margin.vgmu, margin.snr, dec.tu, dec.au, dec.eu), dim=1
-    ).to(torch.float64)  # (B, 7)
-    return torch.cat((fixed, top_i[:, :n].to(torch.float64), top_p[:, :n].to(torch.float64)), 1)
+    check_abstain_k(abstain_k)
+    return pack(*decision_core(members, abstain_k), top_k)
+
+
+def compile_decide(bucketed: bool = True) -> Callable[[Tensor, float, int], Tensor]:
+    """:func:`decide`, with :func:`decision_core` compiled by ``torch.compile`` (a few fused kernels
+    instead of dozens of small ones).
+
+    Compiled once per batch shape and never per request option: ``abstain_k`` enters as a 0-d
+    tensor on the device (cached per value) and ``top_k`` is sliced after the compiled part, so
+    arbitrary request options cannot trigger recompilation. With ``bucketed`` the batch is padded
+    to the next power of two (repeating its last row) and the padding dropped from the result, so
+    only ``log2(max batch)`` shapes are ever compiled.
+    """
+    core = torch.compile(decision_core, dynamic=False)
+    k_cache: dict[tuple[float, torch.device, torch.dtype], Tensor] = {}
+
+    def compiled_decide(members: Tensor, abstain_k: float, top_k: int) -> Tensor:
+        check_abstain_k(abstain_k)
+        n = members.shape[0]
+        if bucketed and n & (n - 1):
+            pad = (1 << n.bit_length()) - n
+            members = torch.cat((members, members[-1:].expand(pad, *members.shape[1:])))
+        key = (float(abstain_k), members.device, members.dtype)
+        k = k_cache.get(key)
+        if k is None:
+            if len(k_cache) >= 256:  # arbitrary per-request values: keep the cache bounded
+                k_cache.clear()
+            k = k_cache[key] = torch.tensor(abstain_k, dtype=members.dtype, device=members.device)
+        fixed, top_i, top_p = core(members, k)
+        return pack(fixed[:n], top_i[:n], top_p[:n], top_k)
+
+    return compiled_decide
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,14 +145,16 @@ def _describe(predictor: Any, generation: int, device: str) -> ModelInfo:
     return ModelInfo(**{**info.__dict__, "description": description})
 
 
-def _load_sync(model_dir: Path, device: str, generation: int, compile_: bool) -> LoadedModel:
-    from models.predictor import Predictor
+def _load_sync(
+    model_dir: Path, device: str, generation: int, compile_: bool, max_batch: int = 1
+) -> LoadedModel:
+    from models.predictor import Predictor, bucket_sizes
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available; use --device cpu")
     predictor = Predictor.from_dir(model_dir, device=device)
-    if compile_:
-        predictor.compile()
+    if compile_:  # every bucket a batch of up to max_batch runs in: compiled and captured now
+        predictor.compile(warm_up=bucket_sizes(max_batch))
     # Warm up (and, when compiled, capture) so the first request is not slow.
     x = predictor.conform(torch.zeros((1, 28, 28), dtype=torch.uint8)).unsqueeze(0)
     out = predictor.run([x])
@@ -259,6 +261,7 @@ class ModelManager:
                 self.settings.resolved_device(),
                 self._generation + 1,
                 self.settings.resolved_compile(),
+                self.settings.max_batch_size,
             )
             self._generation += 1
             self.metrics.model_load.labels(model=loaded.info.name).observe(time.perf_counter() - t0)

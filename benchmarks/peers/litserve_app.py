@@ -48,9 +48,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--workers", type=int, default=1, help="workers_per_device")
     parser.add_argument("--api-servers", type=int, default=None, help="num_api_servers")
+    parser.add_argument(
+        "--accelerator", default="auto", help="LitServe's: auto (GPU when present), cpu, cuda"
+    )
     args = parser.parse_args()
     server = ls.LitServer(
-        VGEAPI(api_path="/v1/predict"), accelerator="cpu", workers_per_device=args.workers
+        VGEAPI(api_path="/v1/predict"),
+        accelerator=args.accelerator,
+        workers_per_device=args.workers,
     )
     server.run(host="127.0.0.1", port=args.port, num_api_servers=args.api_servers,
                generate_client_file=False)  # fmt: skip

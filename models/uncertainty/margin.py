@@ -40,8 +40,21 @@ def margin_score(probs: Tensor, abstain_k: float = 1.0, eps: float = EPS) -> Mar
     ``SNR = (p̄1 − p̄2) / (s1 + s2 + ε)``, ``VGMU = 1 − (1 − e^{−SNR}) · p̄1``; predict the top-1
     class iff ``p̄1 − k s1 > p̄2 + k s2`` (``k = abstain_k ≥ 0``, the deferral threshold), else abstain.
     """
+    check_abstain_k(abstain_k)
+    return margin_score_unchecked(probs, abstain_k, eps)
+
+
+def check_abstain_k(abstain_k: float) -> None:
+    """Raise ``ValueError`` unless ``abstain_k`` is a number ``>= 0`` (not NaN)."""
     if abstain_k < 0 or abstain_k != abstain_k:
         raise ValueError(f"abstain_k must be a number >= 0; got {abstain_k}")
+
+
+def margin_score_unchecked(
+    probs: Tensor, abstain_k: float | Tensor, eps: float = EPS
+) -> MarginScore:
+    """:func:`margin_score` without the check of ``abstain_k``, which may be a 0-d tensor on the
+    device: no host synchronisation, so ``torch.compile`` captures it whole (the served decision)."""
     mean = probs.mean(dim=1)  # (B, C)
     i1, i2 = top2(mean)
     # Spreads are only needed for the two leading classes: gather them first, O(M) instead of O(MC).

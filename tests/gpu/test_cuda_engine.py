@@ -50,3 +50,46 @@ def test_cuda_graphs_bucketed_match_eager(tiny_model: Path) -> None:
             rtol=1e-4,
             atol=1e-5,
         )
+
+
+def test_compiled_in_one_thread_runs_in_another(tiny_model: Path) -> None:
+    """The engine loads (compiles, captures) on a loader thread and computes on its compute
+    thread: the captured graphs must serve there with the same answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from models.predictor import bucket_sizes
+
+    eager = Predictor.from_dir(tiny_model, device="cuda")
+    with ThreadPoolExecutor(1) as loader:
+        compiled = loader.submit(lambda: Predictor.from_dir(tiny_model, device="cuda")).result()
+        assert loader.submit(compiled.compile, bucket_sizes(32)).result()
+    with ThreadPoolExecutor(1) as compute:
+        for n in (1, 3, 32, 17, 64):
+            x = _pixels(n)
+            opts = eager.options(top_k=3, abstain_k=0.5 + n)
+
+            def serve(x: torch.Tensor = x, opts=opts):  # noqa: ANN001, ANN202
+                return compiled.score_columns(compiled.run([x]), opts)
+
+            got = compute.submit(serve).result()
+            want = eager.score_columns(eager.run([x]), opts)
+            np.testing.assert_allclose(got.data, want.data, rtol=1e-4, atol=1e-5)
+
+
+def test_vge_serve_on_cuda_answers_like_the_library(
+    tmp_path: Path, tiny_model: Path, pngs: list[bytes], library
+) -> None:  # noqa: ANN001
+    """The whole process tree on the GPU (compile: auto, i.e. on): same answers as the CPU library."""
+    from tests.service.conftest import approx_result, start_server
+
+    srv = start_server(tmp_path, tiny_model, device="cuda", max_batch_size=16, workers=2)
+    try:
+        with srv.client() as c:
+            assert c.get("/v1/models").json()["models"][0]["device"].startswith("cuda")
+            files = [("images", (f"{i}.png", b, "image/png")) for i, b in enumerate(pngs[:9])]
+            r = c.post("/v1/predict", files=files, params={"top_k": 3})
+            assert r.status_code == 200, r.text
+            for got, png in zip(r.json()["results"], pngs[:9], strict=True):
+                approx_result(got, library(png, top_k=3))
+    finally:
+        assert srv.stop() == 0, srv.log()
