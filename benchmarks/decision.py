@@ -24,6 +24,41 @@ def _us_per_sample(fn, x: torch.Tensor) -> float:  # noqa: ANN001
     return t.median * 1e6 / x.shape[0]
 
 
+def _gpu_ops(fn, x: torch.Tensor) -> int | None:  # noqa: ANN001
+    """GPU operations (kernels, copies) one call launches, by the profiler; None off CUDA."""
+    if x.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _graph_us_per_sample(fn, x: torch.Tensor) -> float:  # noqa: ANN001
+    """µs/sample of ``fn(x)`` captured once in a CUDA graph and replayed: the decision's GPU time
+    without the per-kernel launch cost, as when it is captured together with the forward pass."""
+    if x.device.type != "cuda":
+        return float("nan")
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn(x)
+    except Exception as exc:  # noqa: BLE001 - report, do not stop the benchmark
+        print(f"CUDA graph capture failed: {exc}", flush=True)
+        return float("nan")
+    return _us_per_sample(lambda _: graph.replay(), x)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.decision")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -31,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     dev = torch.device(args.device)
-    rows = ["| B | M | C | read floor µs/sample | decide eager | decide compiled | eager / floor |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rows = ["| B | M | C | read floor µs/sample | decide eager | decide compiled | compiled, one CUDA graph "
+            "| compiled / floor | GPU ops eager / compiled |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     compiled = compile_decide() if args.compile else None  # what a compiled engine runs
     for b in (128, 4096):
         m, c = 100, 1000
@@ -40,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         x = torch.softmax(3 * torch.randn(b, m, c, generator=g, device=dev), dim=-1)
         floor = _us_per_sample(lambda t: t.sum(), x)
         eager = _us_per_sample(lambda t: decide(t, 1.0, 5), x)
-        comp = _us_per_sample(lambda t: compiled(t, 1.0, 5), x) if compiled else float("nan")
-        rows.append(f"| {b} | {m} | {c} | {floor:.3f} | {eager:.3f} | {comp:.3f} | "
-                    f"{eager / floor:.1f}× |")  # fmt: skip
+        nan = float("nan")
+        comp = _us_per_sample(lambda t: compiled(t, 1.0, 5), x) if compiled else nan
+        graph = _graph_us_per_sample(lambda t: compiled(t, 1.0, 5), x) if compiled else nan
+        ops_e = _gpu_ops(lambda t: decide(t, 1.0, 5), x)
+        ops_c = _gpu_ops(lambda t: compiled(t, 1.0, 5), x) if compiled else None
+        rows.append(f"| {b} | {m} | {c} | {floor:.3f} | {eager:.3f} | {comp:.3f} | {graph:.3f} | "
+                    f"{comp / floor:.1f}× | {ops_e} / {ops_c} |")  # fmt: skip
         print(rows[-1], flush=True)
     if not args.no_write:
         write_section(

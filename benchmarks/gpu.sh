@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc
 $PY -c "import torch, torchvision, fastapi, uvicorn, litserve, service.app; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available(), 'torchvision', torchvision.__version__)"
 step GPU tests
-timeout 150 $PY -m pytest -q -p no:cacheprovider tests/gpu tests/models/test_serving.py \
+timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/gpu tests/models/test_serving.py \
   tests/models/test_predictor.py
 step served decision kernels
 timeout 60 $PY -m benchmarks.decision --device cuda --compile; save

@@ -99,6 +99,7 @@ class Target:
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
     extra_ports: list[int] = field(default_factory=list)
+    log_path: Path | None = None  # the server's stdout and stderr
 
     @property
     def url(self) -> str:
@@ -109,8 +110,8 @@ class Target:
             [a.format(port=self.port, p1=self.extra_ports[0] if self.extra_ports else 0,
                       p2=self.extra_ports[1] if len(self.extra_ports) > 1 else 0)
              for a in self.cmd],
-            cwd=REPO, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            cwd=REPO, env=self.env, stdout=self.log_path.open("ab") if self.log_path else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -180,6 +181,7 @@ def targets(
         else:
             raise SystemExit(f"unknown target {name!r}")
         t.port = port
+        t.log_path = workdir / (re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".log")
         out.append(t)
     return out
 
@@ -229,7 +231,36 @@ def run_lua(url: str, lua: Path, conc: int, duration: float) -> dict:
     n_err = int(bad.group(1)) if bad else 0
     if errors:
         n_err += sum(int(g) for g in errors.groups())
-    return {"rps": rps, "p50": pct("50"), "p99": pct("99"), "errors": n_err}
+    return {"rps": rps, "p50": pct("50"), "p99": pct("99"), "errors": n_err,
+            "non2xx": int(bad.group(1)) if bad else 0,
+            "socket": errors.group(0) if errors else ""}  # fmt: skip
+
+
+def diagnose(t: Target) -> None:
+    """After a target answered with errors: its HTTP status counts and restarts (vge's /metrics)
+    and the tail of its log, so a failed run says why."""
+    try:
+        text = httpx.get(t.url + "/metrics", timeout=5).text
+        counts: dict[str, float] = {}
+        for line in text.splitlines():
+            m = re.match(r'(vge_request_duration_seconds_count|vge_process_restarts_total|vge_rejections_total)\{(.*)\} ([\d.e+]+)$', line)  # fmt: skip
+            if m and float(m.group(3)):
+                key = m.group(1) + "{" + ",".join(
+                    kv for kv in m.group(2).split(",") if kv.split("=")[0] in ("status", "role", "reason", "endpoint")
+                ) + "}"  # fmt: skip
+                counts[key] = counts.get(key, 0) + float(m.group(3))
+        for key, value in sorted(counts.items()):
+            print(f"  {t.name} {key} {value:,.0f}", flush=True)
+    except httpx.HTTPError as exc:
+        print(f"  {t.name}: /metrics unavailable ({exc})", flush=True)
+    if t.log_path and t.log_path.exists():
+        tail = t.log_path.read_text(errors="replace").splitlines()[-25:]
+        print(
+            f"  {t.name} log (last {len(tail)} lines):",
+            *("    " + x for x in tail),
+            sep="\n",
+            flush=True,
+        )
 
 
 def summarise(runs: list[dict]) -> tuple[float, str, float, float, int]:
@@ -377,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for t in runs:
                 t.start()
+                diagnosed = False
                 try:
                     memory.setdefault(t.name, pss_mb(t.proc.pid))  # type: ignore[union-attr]
                     if t.name.partition(":")[0] == "vge" and "vge-processes" not in breakdown:
@@ -389,7 +421,12 @@ def main(argv: list[str] | None = None) -> int:
                             results.setdefault((t.name, images, conc), []).append(res)
                             print(f"round {r + 1} {t.name:16s} images={images:2d} c={conc:3d} "
                                   f"{res['rps']:8.1f} req/s p50 {res['p50']:.1f} ms "
-                                  f"p99 {res['p99']:.1f} ms errors {res['errors']}", flush=True)  # fmt: skip
+                                  f"p99 {res['p99']:.1f} ms errors {res['errors']} "
+                                  f"(non-2xx {res['non2xx']}; {res['socket'] or 'no socket errors'})",
+                                  flush=True)  # fmt: skip
+                            if res["errors"] and not diagnosed:
+                                diagnose(t)
+                                diagnosed = True
                 finally:
                     t.stop()
     finally:

@@ -176,11 +176,11 @@ class Predictor:
         return ScoreColumns.from_tensor(packed)
 
     def compile(self, warm_up: tuple[int, ...] = (1,)) -> bool:
-        """Compile the forward pass and the decision with ``torch.compile`` (CUDA graphs on a GPU).
+        """Compile the forward pass and the decision with ``torch.compile`` (fused kernels).
 
-        Batches are padded to power-of-two buckets (:meth:`run`, :func:`models.serving.compile_decide`),
-        so each bucket is captured as a CUDA graph once; shapes are compiled with automatic
-        dynamic batch sizes, so a handful of compilations cover every bucket. Compiles now for the
+        Batches are padded to power-of-two buckets (:meth:`run`, :func:`models.serving.compile_decide`)
+        and shapes are compiled with automatic dynamic batch sizes, so a handful of compilations
+        cover every bucket. Compiles now for the
         ``warm_up`` batch sizes (see :func:`bucket_sizes`); falls back to eager execution, with a
         warning, when compilation fails. Returns whether it compiled.
         """
@@ -188,13 +188,15 @@ class Predictor:
 
         eager_module, eager_decide = self.module, self._decide
         try:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
             for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.6
                 if hasattr(torch._dynamo.config, name):
                     setattr(
                         torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name))
                     )
-            self.module = torch.compile(eager_module, mode=mode)
+            # Inductor's fused kernels, without CUDA graphs: torch's graph trees keep their state
+            # per thread, and a server compiles on a loader thread and serves on its compute thread
+            # (measured on an H100: capture on one thread, replay on another fails).
+            self.module = torch.compile(eager_module)
             self._decide = compile_decide(bucketed=True)
             self._compiled = True
             c, h, w = self.card.in_channels, *self.card.input_size

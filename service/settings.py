@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     torch_threads: Annotated[int, Field(ge=0, le=256)] = Field(
         0,
         description="torch intra-op threads for the forward pass; 0: auto (on CPU half the "
-        "logical CPUs, leaving the rest to HTTP and decoding; torch's default on GPU).",
+        "logical CPUs, leaving the rest to HTTP and decoding; 1 on a GPU).",
     )
 
     # --- security ----------------------------------------------------------------------------
@@ -285,15 +285,18 @@ class Settings(BaseSettings):
             return self.resolved_device().startswith("cuda")
         return self.compile == "on"
 
-    def resolved_torch_threads(self) -> int | None:
-        """Intra-op threads to set, or None to keep torch's default (GPU, auto)."""
+    def resolved_torch_threads(self) -> int:
+        """Intra-op threads of the engine: ``torch_threads``, else half the cores on a CPU, 1 on a
+        GPU."""
         import os
 
         if self.torch_threads:
             return self.torch_threads
         if self.resolved_device() == "cpu":
             return max(1, (os.cpu_count() or 2) // 2)
-        return None
+        # On a GPU the engine's CPU work is concatenations and copies: intra-op threads would only
+        # spin on the cores the front ends decode on.
+        return 1
 
     def resolved_device(self) -> str:
         """``auto`` resolved to ``cuda`` when a GPU is present, else ``cpu``."""

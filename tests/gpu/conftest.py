@@ -1,1 +1,1 @@
-from tests.service.conftest import tiny_model  # noqa: F401 - the session's tiny trained model
+from tests.service.conftest import library, mnist, pngs, tiny_model  # noqa: F401 - shared fixtures
