@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="torch.compile the forward pass and the decision (CUDA graphs on a GPU); "
+        description="torch.compile the forward pass and the decision (fused kernels); "
         "auto: on for CUDA, off on CPU. Falls back to eager when compilation fails.",
     )
     shm_mb_per_worker: Annotated[int, Field(ge=1, le=65536)] = Field(

@@ -138,7 +138,7 @@ def test_score_non_vgn_uses_p_mean_and_default_k(tmp_path):
 
 
 def test_compiled_bucketed_path_matches_eager(tmp_path):
-    """torch.compile (CUDA graphs on a GPU) with power-of-two buckets: same answers as eager.
+    """torch.compile with power-of-two buckets: same answers as eager.
 
     On this CPU it runs inductor's C++ backend; a 5-row batch is padded to the 8-row bucket.
     """
