@@ -1,11 +1,11 @@
-"""A front-end process: FastAPI on uvicorn (uvloop + httptools) over the shared listening socket.
+"""A front-end process: FastAPI on uvicorn (uvloop + httptools) on its own ``SO_REUSEPORT`` listener.
 
 Front ends parse HTTP, decode images into their shared-memory arena and encode responses; the
 engine does the rest. The supervisor forks them after importing torch, torchvision and the app,
 so their code pages are shared (see docs/architecture.md for the measured per-worker memory).
 
 Drain on SIGTERM/SIGINT (:class:`FrontendServer`): readiness turns false at once; for ``drain_s``
-the front end keeps answering, marking every response ``Connection: close``; then uvicorn stops
+the front end keeps answering, marking every response ``Connection: close``; then it stops
 accepting, finishes the requests it holds (``shutdown_grace_s`` at most) and the process exits 0.
 """
 
@@ -40,6 +40,22 @@ LOOP = "uvloop" if _has("uvloop") else "asyncio"
 HTTP = "httptools" if _has("httptools") else "h11"
 
 
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)`` with ``SO_REUSEPORT``, not listening yet.
+
+    The supervisor binds one per front end to the server's port; the kernel spreads new
+    connections evenly over those that listen (Linux). The front end's uvicorn calls ``listen()``
+    after the app's start-up, i.e. once the engine link is up, so a starting front end is sent no
+    connection it cannot serve.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
 class FrontendServer(uvicorn.Server):
     """uvicorn.Server that drains for ``drain_s`` before shutting down; exits 0 on SIGTERM."""
 
@@ -59,7 +75,8 @@ class FrontendServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Stop accepting first, give just-accepted connections a moment to deliver their
-        request (so it is answered, not cut), then uvicorn's own graceful shutdown."""
+        request (so it is answered, not cut), then uvicorn's own graceful shutdown. The listener
+        stays open in the supervisor, which answers what is still queued on it 503."""
         for server in self.servers:
             server.close()
         await asyncio.sleep(0.2)
