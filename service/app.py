@@ -44,9 +44,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if state.settings.review_enabled:
         state.reviews = open_review_store(state.settings)
     _warm_up_decoding()
-    # Accept no connection before the engine link is up (bounded): the listening socket is shared,
-    # so a front end still starting would otherwise take requests from a ready sibling and answer
-    # them 503. After the bound (a model still loading) it serves, /readyz saying 503 meanwhile.
+    # Listen only once the engine link is up (bounded; uvicorn calls listen() after this start-up):
+    # the kernel would otherwise send a starting front end requests it can only answer 503. After
+    # the bound (a model still loading) it serves, /readyz saying 503 meanwhile.
     await state.engine.wait_ready(STARTUP_ENGINE_WAIT_S)
     grpc_server = None
     if state.settings.grpc_port:
