@@ -178,11 +178,11 @@ class Predictor:
     def compile(self, warm_up: tuple[int, ...] = (1,)) -> bool:
         """Compile the forward pass and the decision with ``torch.compile`` (fused kernels).
 
-        Batches are padded to power-of-two buckets (:meth:`run`, :func:`models.serving.compile_decide`)
-        and shapes are compiled with automatic dynamic batch sizes, so a handful of compilations
-        cover every bucket. Compiles now for the
-        ``warm_up`` batch sizes (see :func:`bucket_sizes`); falls back to eager execution, with a
-        warning, when compilation fails. Returns whether it compiled.
+        Batches are padded to power-of-two buckets (:meth:`run`, :func:`models.serving.compile_decide`):
+        the forward pass is compiled with automatic dynamic batch sizes (a few compilations cover
+        every bucket), the decision once per bucket. Compiles now for the ``warm_up`` batch sizes
+        (see :func:`bucket_sizes`); falls back to eager execution, with a warning, when compilation
+        fails. Returns whether it compiled.
         """
         import torch._dynamo
 
@@ -194,8 +194,8 @@ class Predictor:
                         torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name))
                     )
             # Inductor's fused kernels, without CUDA graphs: torch's graph trees keep their state
-            # per thread, and a server compiles on a loader thread and serves on its compute thread
-            # (measured on an H100: capture on one thread, replay on another fails).
+            # per thread, and a server compiles on a loader thread and serves on its compute
+            # thread (on an H100, mode="reduce-overhead" failed to compile on a worker thread).
             self.module = torch.compile(eager_module)
             self._decide = compile_decide(bucketed=True)
             self._compiled = True
