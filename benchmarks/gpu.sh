@@ -3,8 +3,9 @@
 # kernels, and vge serve on CUDA beside LitServe scaled out and beside the same host's CPU.
 # Results go to stdout and docs/benchmarks.md (a copy and the log to $OUT when it is set).
 #   bash benchmarks/gpu.sh
-# Offline hosts: put wheels of what the host's python3 lacks in .whl/ (and wrk in .whl/bin with
-# its libluajit in .whl/lib); they are installed to /tmp/site and the image's torch is used.
+# Offline hosts: `bash benchmarks/gpu_wheels.sh` here puts wheels of what the host's python3 lacks
+# in .whl/ (and wrk in .whl/bin with its libluajit in .whl/lib); carry .whl: they are installed to
+# /tmp/site and the image's torch is used.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vge-gpu}
@@ -14,7 +15,7 @@ step() { echo; echo "=== $* ($(date +%T))"; }
 save() { cp docs/benchmarks.md "$OUT/benchmarks.md"; }
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD PATH=$PWD/.whl/bin:$PATH
+  export PYTHONPATH=/tmp/site:$PWD PATH=$PWD/.whl/bin:/tmp/site/bin:$PATH
   export LD_LIBRARY_PATH=$PWD/.whl/lib:${LD_LIBRARY_PATH:-}
   PY=python3
 else
@@ -29,14 +30,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc
 $PY -c "import torch, torchvision, fastapi, uvicorn, litserve, service.app; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available(), 'torchvision', torchvision.__version__)"
 step GPU tests
-timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/gpu tests/models/test_serving.py \
-  tests/models/test_predictor.py
+xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 4")
+timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:logging $xdist tests/gpu \
+  tests/models/test_serving.py tests/models/test_predictor.py
 step served decision kernels
 timeout 60 $PY -m benchmarks.decision --device cuda --compile; save
 step "vge on CUDA beside LitServe scaled out (2 workers, 8 API servers)"
 timeout 170 $PY -m benchmarks.serving --targets vge litserve-scaled --vge-device cuda \
   --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
   --duration 4 --section "GPU host"; save
+step "where vge's CPU goes on CUDA at c=256 (py-spy)"
+command -v py-spy >/dev/null && timeout 60 $PY -m benchmarks.profile_serve --device cuda --conc 256
 step "vge on the same host's CPU"
 timeout 80 $PY -m benchmarks.serving --targets vge --vge-device cpu --wrk-threads 4 \
   --levels 64 256 --batch-levels 16 --rounds 1 --duration 4 --section "GPU host, vge on its CPU"

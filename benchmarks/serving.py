@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,6 +237,19 @@ def run_lua(url: str, lua: Path, conc: int, duration: float) -> dict:
             "socket": errors.group(0) if errors else ""}  # fmt: skip
 
 
+def connection_spread(t: Target, conc: int, into: dict[str, dict[str, float]]) -> None:
+    """Established connections per process of ``t`` (``ss``), sampled during a run at ``conc``
+    connections: whether the kernel spreads them over every front end."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{t.port} )"],
+                         capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+    counts: dict[str, float] = {}
+    for pid in re.findall(r"pid=(\d+)", out):
+        counts[pid] = counts.get(pid, 0) + 1
+    into.setdefault("connections", {}).update({f"c={conc} pid {k}": v for k, v in counts.items()})
+    print(f"  {t.name} connections per process at c={conc}: "
+          + "/".join(str(int(v)) for v in sorted(counts.values(), reverse=True)), flush=True)  # fmt: skip
+
+
 def diagnose(t: Target) -> None:
     """After a target answered with errors: its HTTP status counts and restarts (vge's /metrics)
     and the tail of its log, so a failed run says why."""
@@ -417,7 +431,19 @@ def main(argv: list[str] | None = None) -> int:
                         body, ctype, extra = bodies[(t.body_kind, images)]
                         wrk(t.url + t.path, body, ctype, extra, 4, 1)  # warm-up, not recorded
                         for conc in levels:
+                            spread = None
+                            if (
+                                t.name.partition(":")[0] == "vge"
+                                and images == 1
+                                and conc == max(levels)
+                            ):
+                                spread = threading.Timer(
+                                    args.duration / 2, connection_spread, (t, conc, breakdown)
+                                )
+                                spread.start()  # fmt: skip
                             res = wrk(t.url + t.path, body, ctype, extra, conc, args.duration)
+                            if spread is not None:
+                                spread.join()
                             results.setdefault((t.name, images, conc), []).append(res)
                             print(f"round {r + 1} {t.name:16s} images={images:2d} c={conc:3d} "
                                   f"{res['rps']:8.1f} req/s p50 {res['p50']:.1f} ms "
@@ -451,6 +477,20 @@ def main(argv: list[str] | None = None) -> int:
                 "",
             ]
             if "vge-processes" in breakdown
+            else []
+        ),
+        *(
+            [
+                "vge connections per front end, sampled with `ss` mid-run at the highest "
+                "single-image level: "
+                + "/".join(
+                    str(int(v)) for v in sorted(breakdown["connections"].values(), reverse=True)
+                )
+                + (" (several rounds pooled)" if args.rounds > 1 else "")
+                + ".",
+                "",
+            ]
+            if "connections" in breakdown
             else []
         ),
         "| images/request | connections | server | req/s median (min–max) | images/s | p50 ms | "

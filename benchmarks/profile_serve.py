@@ -1,0 +1,108 @@
+"""Where ``vge serve``'s CPU goes under load: py-spy over the whole process tree, per process.
+
+    python -m benchmarks.profile_serve [--device cuda] [--model lenet5-lle-vgn-mnist] [--conc 256]
+
+Starts ``vge serve`` (its defaults), drives it with ``wrk`` (single-image requests, keep-alive,
+loopback only, bounded in time), samples every process with ``py-spy record --subprocesses`` for a
+few seconds mid-run, and prints, per process, the cores it kept busy and its hottest frames. This
+is the measurement that says whether the front ends or the engine's event loop limit a host.
+Needs ``py-spy`` (PyPI) and ``wrk``; writes nothing unless ``--raw`` names a file for the samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from benchmarks.serving import BOUNDARY, _pngs, multipart, targets, wrk
+
+#: Frames every sample of a process passes through (start-up, thread and loop plumbing): left out
+#: of the hottest-frames list, which would otherwise show only them.
+_PLUMBING = ("spawn_main", "<frozen runpy>", "multiprocessing/", "threading.py", "concurrent/futures",
+             "asyncio/runners", "asyncio/base_events", "uvicorn/server.py", "uvicorn/_compat",
+             "service/cli/", "service/supervisor.py", "frontend_main", "engine_main", "<module>")  # fmt: skip
+
+
+def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
+    """py-spy's raw samples -> per process: busy cores and the ``top`` frames by inclusive share."""
+    busy: collections.Counter[str] = collections.Counter()
+    frames: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        parts = stack.split(";")
+        procs = [p for p in parts if p.startswith("process ")]
+        proc = procs[-1] if procs else "?"  # the innermost: py-spy prefixes the parent chain
+        if "spawn_main" in proc:
+            proc = "engine " + proc.split(":", 1)[0].removeprefix("process ")
+        elif len(procs) > 1:
+            proc = "front end " + proc.split(":", 1)[0].removeprefix("process ")
+        if "select" in parts[-1] or "epoll" in parts[-1]:  # waiting, not working
+            continue
+        busy[proc] += int(count)
+        for frame in set(parts):
+            if not frame.startswith("process ") and not any(g in frame for g in _PLUMBING):
+                frames[proc][frame] += int(count)
+    lines = []
+    for proc, n in busy.most_common():
+        lines.append(f"{proc[:90]}: {n / (seconds * rate):.2f} cores busy")
+        for frame, m in frames[proc].most_common(top):
+            lines.append(f"    {100 * m / n:5.1f}%  {frame[:120]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_serve")
+    parser.add_argument("--device", default="cpu", help="VGE_DEVICE")
+    parser.add_argument("--model", default=None, help="zoo model; default: the shipped default")
+    parser.add_argument("--conc", type=int, default=64, help="wrk connections")
+    parser.add_argument("--seconds", type=float, default=5.0, help="sampling time")
+    parser.add_argument("--rate", type=int, default=200, help="samples per second")
+    parser.add_argument("--raw", type=Path, default=None, help="keep py-spy's raw samples here")
+    args = parser.parse_args(argv)
+    for tool in ("wrk", "py-spy"):
+        if shutil.which(tool) is None:
+            print(f"benchmarks.profile_serve: error: needs {tool}", file=sys.stderr)
+            return 2
+    workdir = Path(tempfile.mkdtemp(prefix="vge-profile-"))
+    body = workdir / "one.bin"
+    body.write_bytes(multipart(_pngs(1)))
+    ctype = f"multipart/form-data; boundary={BOUNDARY}"
+    name = f"vge:{args.model}" if args.model else "vge"
+    (t,) = targets([name], None, workdir, args.device)
+    raw = args.raw or workdir / "samples.txt"
+    t.start()
+    try:
+        wrk(t.url + t.path, body, ctype, "", 4, 1)  # warm-up
+        load: dict[str, dict] = {}
+        run = threading.Thread(
+            target=lambda: load.update(
+                r=wrk(t.url + t.path, body, ctype, "", args.conc, args.seconds + 4)
+            )
+        )
+        run.start()
+        threading.Event().wait(2.0)
+        subprocess.run(
+            ["py-spy", "record", "--pid", str(t.proc.pid), "--subprocesses", "--nonblocking",  # type: ignore[union-attr]
+             "--rate", str(args.rate), "--duration", str(round(args.seconds)), "--format", "raw",
+             "--output", str(raw)],
+            check=True, capture_output=True, timeout=args.seconds + 60,
+        )  # fmt: skip
+        run.join()
+    finally:
+        t.stop()
+    r = load.get("r", {})
+    print(f"{name} on {args.device}, c={args.conc}: {r.get('rps', float('nan')):,.0f} req/s, "
+          f"p99 {r.get('p99', float('nan')):.1f} ms")  # fmt: skip
+    print(summarise(raw, round(args.seconds), args.rate))
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
