@@ -51,7 +51,7 @@ def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
     lines = []
     for proc, n in busy.most_common():
         lines.append(f"{proc[:90]}: {n / (seconds * rate):.2f} cores busy")
-        for frame, m in frames[proc].most_common(top):
+        for frame, m in sorted(frames[proc].items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
             lines.append(f"    {100 * m / n:5.1f}%  {frame[:120]}")
     return "\n".join(lines)
 
