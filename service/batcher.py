@@ -29,6 +29,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -78,8 +79,13 @@ class Batcher:
         max_queue_length: int,
         metrics: Metrics,
         wait_always: bool = False,
+        on_scored: Callable[[Any, ScoreColumns], None] | None = None,
     ) -> None:
         self.max_batch_size = max_batch_size
+        # Called on the event loop with every scored option group (predictor, its columns), after
+        # the batch's answers are out: monitoring per batch, not per request, and off the compute
+        # thread (the forward pass of the next batch runs meanwhile).
+        self.on_scored = on_scored
         self.max_delay_s = max_delay_s
         self.max_queue_length = max_queue_length
         self.wait_always = wait_always
@@ -268,8 +274,11 @@ class Batcher:
                 await self._run(batch)
 
     @staticmethod
-    def _compute(batch: list[_Unit]) -> list[tuple[bool, Any]]:
-        """Worker thread: one forward pass, then one scoring call per distinct option set."""
+    def _compute(batch: list[_Unit]) -> tuple[list[tuple[bool, Any]], list[ScoreColumns]]:
+        """Worker thread: one forward pass, then one scoring call per distinct option set.
+
+        Returns each unit's ``(ok, rows or error)`` and every option group's scored columns.
+        """
         predictor = batch[0].predictor
         out = predictor.run([u.x for u in batch])  # EnsembleOutput (B, M, C) on the device
         groups: dict[ScoreOptions, list[tuple[int, int, int]]] = {}
@@ -278,6 +287,7 @@ class Batcher:
             groups.setdefault(unit.options, []).append((n, start, start + unit.rows))
             start += unit.rows
         results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
+        scored: list[ScoreColumns] = []
         for options, spans in groups.items():
             if len(spans) == len(batch):
                 part = out
@@ -296,19 +306,20 @@ class Batcher:
             for n, i, j in spans:
                 results[n] = (True, columns.rows(offset, offset + j - i))
                 offset += j - i
-        return results
+            scored.append(columns)
+        return results, scored
 
     async def _run(self, batch: list[_Unit]) -> None:
         model = batch[0].model
         rows = sum(u.rows for u in batch)
         t0 = time.perf_counter()
         try:
-            results = await asyncio.get_running_loop().run_in_executor(
+            results, scored = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._compute, batch
             )
         except Exception as exc:  # forward failed: a server fault, every unit gets it
             log.exception("forward pass failed for a batch of %d", rows)
-            results = [(False, exc)] * len(batch)
+            results, scored = [(False, exc)] * len(batch), []
         elapsed = time.perf_counter() - t0
         self._batch_s = 0.8 * self._batch_s + 0.2 * elapsed
         self.metrics.compute.labels(model=model).observe(elapsed)
@@ -320,3 +331,10 @@ class Batcher:
                 unit.future.set_result(value)
             else:
                 unit.future.set_exception(value)
+        if self.on_scored is not None:
+            predictor = batch[0].predictor
+            for columns in scored:
+                try:
+                    self.on_scored(predictor, columns)
+                except Exception:  # monitoring never fails the answers
+                    log.exception("on_scored failed for a batch of %d", len(columns))

@@ -44,7 +44,7 @@ class UncertaintyMonitor:
         self._n = 0
         self._next = 0
         self._last = 0.0
-        # Labelled children looked up once (the engine observes every answered request).
+        # Labelled children looked up once (the engine observes every scored batch).
         self._classes = [metrics.prediction_class.labels(model=model, label=n)
                          for n in self.class_names]  # fmt: skip
         self._hists = [h.labels(model=model) for h in
@@ -55,7 +55,7 @@ class UncertaintyMonitor:
             metrics.uncertainty_drift.labels(model=model, score=score).set(0.0)
 
     def observe(self, columns: ScoreColumns) -> None:
-        """Record one request's answers; refresh the window gauges at most once per second."""
+        """Record a batch's answers; refresh the window gauges at most once per second."""
         vgmu, eu, tu = columns.column("vgmu"), columns.column("eu"), columns.column("tu")
         for hist, values in zip(self._hists, (vgmu, eu, tu), strict=True):
             for v in values.tolist():

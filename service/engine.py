@@ -53,6 +53,7 @@ class Engine:
             max_queue_length=settings.max_queue_length,
             metrics=self.metrics,
             wait_always=settings.batch_wait == "always",
+            on_scored=self._observe,
         )
         self.jobs = JobManager(settings, self.metrics)
         self.reviews = None
@@ -165,6 +166,12 @@ class Engine:
             self._monitors[generation] = monitor
         return monitor
 
+    def _observe(self, predictor: Any, columns: Any) -> None:
+        """Batcher hook (event loop, once per scored batch): the model's uncertainty monitor."""
+        generation = self.models.generation_of(predictor)
+        if generation is not None:
+            self._monitor(generation, predictor).observe(columns)
+
     def _export_model_series(self) -> None:
         """Export the served model's series from the start (at 0), not from its first request:
         dashboards and alerts see a value, not an absent series."""
@@ -251,7 +258,6 @@ class Engine:
                 predictor, predictor.card.name, x, req.options, req.timeout_s
             )
             self._send(writer, "ok", request_id, columns.data)
-            self._monitor(req.generation, predictor).observe(columns)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - every request gets exactly one answer

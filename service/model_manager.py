@@ -238,6 +238,13 @@ class ModelManager:
     def current(self) -> LoadedModel | None:
         return self._current
 
+    def generation_of(self, predictor: Any) -> int | None:
+        """The generation ``predictor`` was loaded as, if it is still current or previous."""
+        for loaded in (self._current, self._previous):
+            if loaded is not None and loaded.predictor is predictor:
+                return loaded.info.generation
+        return None
+
     def predictor_for(self, generation: int) -> Any:
         """The predictor of ``generation`` (current or previous), else a 503 asking for a retry."""
         for loaded in (self._current, self._previous):

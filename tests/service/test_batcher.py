@@ -190,3 +190,30 @@ def test_hurry_runs_batches_at_once_and_keeps_admitting(
         await batcher.drain(5.0)
 
     asyncio.run(main())
+
+
+def test_on_scored_sees_each_option_group_once_per_batch_and_cannot_fail_answers(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    """The monitoring hook gets every scored group's rows, one call per group per batch (not per
+    request); a hook that raises leaves the answers intact."""
+    a = ScoreOptions(abstain_k=0.5, members="q", top_k=3)
+    b = ScoreOptions(abstain_k=2.0, members="p", top_k=1)
+    seen: list[tuple[object, int, int]] = []
+
+    def hook(pred: object, columns) -> None:  # noqa: ANN001
+        seen.append((pred, len(columns), columns.top_k))
+        raise RuntimeError("a broken monitor")
+
+    async def main() -> list:
+        batcher = _batcher(max_delay_s=0.2, on_scored=hook)
+        batcher.start()
+        jobs = [batcher.submit(predictor, "tiny", pixels[i : i + 2], a if i < 6 else b, 10.0)
+                for i in range(0, 10, 2)]  # fmt: skip
+        out = await asyncio.gather(*jobs)
+        await batcher.drain(5.0)
+        return out
+
+    results = asyncio.run(main())
+    assert [len(r) for r in results] == [2] * 5
+    assert sorted(seen, key=lambda s: s[2]) == [(predictor, 4, 1), (predictor, 6, 3)]
