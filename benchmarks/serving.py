@@ -299,12 +299,11 @@ def in_process_ceiling(
     a zoo name or directory (default: the shipped default); ``device``: where the model runs."""
     from torchvision.io import ImageReadMode, decode_image
 
+    from benchmarks.peers import model_dir
     from models.predictor import Predictor
-    from models.zoo import default_model_dir, zoo_model_dir
 
     torch.set_num_threads(1)
-    model_dir = (zoo_model_dir(model) or Path(model)) if model else default_model_dir()
-    predictor = Predictor.from_dir(model_dir, device=device)
+    predictor = Predictor.from_dir(model_dir(model), device=device)
     batch = pngs[:64]
     options = predictor.options(top_k=5)
     names = list(predictor.card.class_names)

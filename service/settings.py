@@ -265,9 +265,8 @@ class Settings(BaseSettings):
 
         The engine needs a core of its own (on a CPU its forward pass, on a GPU the Python thread
         that feeds the device). On the 2-core box, with the default model, one front end served
-        894 / 893 req/s at 16 / 64 connections, and two served 715 / 814 (docs/benchmarks.md,
-        "Front ends per core"). A light model at high concurrency gains from more front ends:
-        there, set ``workers``.
+        more than two or three (docs/benchmarks.md, "Front ends per core"). A light model at high
+        concurrency gains from more front ends: there, set ``workers``.
         """
         import os
 

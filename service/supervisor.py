@@ -13,8 +13,9 @@
   spreads new connections evenly over the listeners. (One shared listening socket let whichever
   front end woke first accept a whole burst: 30/32/2/0 of 64 connections over four front ends,
   measured.) The supervisor keeps every listener open, so connections queued on one whose front
-  end died wait for its replacement instead of being reset. Front ends are forked after torch, torchvision and the app are
-  imported, so those pages are shared; the engine is spawned so CUDA starts in a clean process.
+  end died wait for its replacement instead of being reset. Front ends are forked after torch,
+  torchvision and the app are imported, so those pages are shared; the engine is spawned so CUDA
+  starts in a clean process.
 * Each front end gets a shared-memory arena (:mod:`service.shm`) created here, so a restarted
   front end finds its arena and the engine never maps a file that vanished.
 * Faults: a front end or the engine that dies (even ``kill -9``) is restarted. Requests caught in

@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 
 
-def model_dir() -> Path:
-    """The model a peer serves: ``VGE_MODEL_DIR`` (a zoo name or a directory) as for ``vge serve``,
-    else the shipped default, so a benchmark target can put any model behind every server."""
+def model_dir(name: str | None = None) -> Path:
+    """A benchmark's model: ``name`` (a zoo name or a directory), else ``VGE_MODEL_DIR`` as for
+    ``vge serve`` (how a peer learns it), else the shipped default, so a benchmark can put any
+    model behind every server."""
     from models.zoo import default_model_dir, zoo_model_dir
 
-    name = os.environ.get("VGE_MODEL_DIR")
+    name = name or os.environ.get("VGE_MODEL_DIR")
     if not name:
         return default_model_dir()
     return zoo_model_dir(name) or Path(name)
