@@ -4,9 +4,13 @@ Requests (each one or more images, already in shared memory) wait in one bounded
 loop takes the oldest request and the ones behind it for the same model generation, up to
 ``max_batch_size`` images, runs the forward pass and the scoring in one worker thread, and answers
 each request with its rows of the packed score columns. While one batch computes, the next one
-fills — that is where batching comes from under load (``batch_wait="adaptive"``: a lone request
-runs at once). With ``batch_wait="always"`` the loop waits up to ``max_delay_s`` for a fuller
-batch (Triton's ``max_queue_delay``).
+fills — that is where batching comes from under load. ``batch_wait="adaptive"`` (the default)
+also holds a batch that is not full for up to ``max_delay_s`` while a front end reports requests
+on their way (``arriving``: decoded now, sent in a moment; :mod:`service.shm`'s arena header), and
+never otherwise: a lone request runs at once, and under load the forward pass gets the larger
+batches it runs most efficiently (on a CPU shared with the front ends, a batch of one costs twice
+the CPU per image of a batch of eight). With ``batch_wait="always"`` the loop waits up to
+``max_delay_s`` for a fuller batch whatever is arriving (Triton's ``max_queue_delay``).
 
 Guarantees (each tested in tests/service/test_batcher.py):
 
@@ -79,9 +83,12 @@ class Batcher:
         max_queue_length: int,
         metrics: Metrics,
         wait_always: bool = False,
+        arriving: Callable[[], int] | None = None,
         on_scored: Callable[[Any, ScoreColumns], None] | None = None,
     ) -> None:
         self.max_batch_size = max_batch_size
+        # Requests the front ends are about to send (adaptive waiting); none known: never wait.
+        self.arriving = arriving or (lambda: 0)
         # Called on the event loop with every scored option group (predictor, its columns), after
         # the batch's answers are out: monitoring per batch, not per request, and off the compute
         # thread (the forward pass of the next batch runs meanwhile).
@@ -254,10 +261,10 @@ class Batcher:
             first = self._pending[0]
             flush_at = first.enqueued + self.max_delay_s
             while (
-                self.wait_always
-                and not self._hurry
+                not self._hurry
                 and first.state is _State.QUEUED
                 and self._rows_for(first.predictor) < self.max_batch_size
+                and (self.wait_always or self.arriving() > 0)
             ):
                 remaining = flush_at - time.monotonic()
                 if remaining <= 0:

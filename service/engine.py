@@ -53,6 +53,7 @@ class Engine:
             max_queue_length=settings.max_queue_length,
             metrics=self.metrics,
             wait_always=settings.batch_wait == "always",
+            arriving=self._arriving,
             on_scored=self._observe,
         )
         self.jobs = JobManager(settings, self.metrics)
@@ -63,6 +64,7 @@ class Engine:
             self.reviews = open_review_store(settings)
             self.jobs.reviews = self.reviews
         self._clients: set[asyncio.StreamWriter] = set()
+        self._arenas: set[Any] = set()  # the connected front ends' arenas (service.shm.Arena)
         self._monitors: dict[int, Any] = {}  # model generation -> UncertaintyMonitor
 
     # ------------------------------------------------------------------ lifecycle
@@ -155,6 +157,10 @@ class Engine:
         if not writer.is_closing():
             writer.write(encode(kind, request_id, payload))
 
+    def _arriving(self) -> int:
+        """Requests the connected front ends are decoding for the engine (arena headers)."""
+        return sum(arena.arriving for arena in self._arenas)
+
     def _monitor(self, generation: int, predictor: Any) -> Any:
         from service.drift import UncertaintyMonitor
 
@@ -215,6 +221,7 @@ class Engine:
             if kind != "hello":
                 raise ValueError(f"expected hello, got {kind!r}")
             arena = Arena(hello["arena"], hello["size"])
+            self._arenas.add(arena)
             self._clients.add(writer)
             current = self.models.current
             if current is not None:
@@ -242,6 +249,7 @@ class Engine:
                 task.cancel()
             writer.close()
             if arena is not None:
+                self._arenas.discard(arena)
                 arena.close()
 
     async def _infer(

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from models.serving import ScoreColumns, ScoreOptions
 from service.errors import NotReady, QueueFull
 from service.ipc import InferRequest, RemoteError, encode, read_message
 from service.model_manager import ModelInfo
-from service.shm import Allocator, Arena, nbytes_of
+from service.shm import HEADER, Allocator, Arena, nbytes_of
 
 log = logging.getLogger("vge.frontend")
 
@@ -46,7 +47,7 @@ class EngineClient:
     def __init__(self, socket_path: str, arena: Arena) -> None:
         self.socket_path = socket_path
         self.arena = arena
-        self.allocator = Allocator(arena.size)
+        self.allocator = Allocator(arena.size, start=HEADER)
         self.model: ModelInfo | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, tuple[asyncio.Future[Any], int | None]] = {}
@@ -144,6 +145,21 @@ class EngineClient:
                 "the inference engine is starting; retry shortly", headers={"Retry-After": "1"}
             )
         return model
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Count a request as on its way to the engine while the block runs (decoding it).
+
+        The count sits in the arena's header, where the engine's batcher reads it: a batch is held
+        (up to ``max_queue_delay_ms``) only while some front end is about to send more. Leave the
+        block right before sending (no ``await`` in between), so that the engine never waits for a
+        request already sent.
+        """
+        self.arena.arriving += 1
+        try:
+            yield
+        finally:
+            self.arena.arriving -= 1
 
     def allocate(self, dtype: torch.dtype, shape: tuple[int, ...]) -> Region:
         """An arena region for a request tensor (503 when the arena is full)."""

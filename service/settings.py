@@ -55,9 +55,9 @@ class Settings(BaseSettings):
     max_queue_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = 5.0
     batch_wait: Literal["adaptive", "always"] = Field(
         "adaptive",
-        description="adaptive: wait up to max_queue_delay_ms for more requests only while others "
-        "are being decoded (no added latency at low load); always: Triton-style, always wait up "
-        "to max_queue_delay_ms for a fuller batch.",
+        description="adaptive: hold a batch up to max_queue_delay_ms only while a front end is "
+        "decoding more requests for it (no added latency at low load, fuller batches under "
+        "load); always: Triton-style, always wait up to max_queue_delay_ms for a fuller batch.",
     )
     max_queue_length: Annotated[int, Field(ge=1, le=1_000_000)] = 512
     request_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0

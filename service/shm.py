@@ -8,6 +8,11 @@ offset, dtype and shape over its control socket. The engine reads the region in 
 assembles a batch; the front end frees the region when the engine's answer for that request
 arrives (the engine is then done with it).
 
+The arena's first :data:`HEADER` bytes are not allocated: they hold the front end's *arrival
+count* (int64), the number of requests it is decoding for the engine and has not sent yet. The
+front end is its only writer; the engine reads it to decide whether a batch is worth holding for a
+moment (:class:`service.batcher.Batcher`, ``batch_wait="adaptive"``).
+
 Why this channel (a design argument, not a side-by-side measurement): a tensor through
 ``torch.multiprocessing`` costs a file-descriptor handshake per tensor, a plain
 ``multiprocessing.Queue`` a pickle and a copy; a mapped region costs the write that decoding does
@@ -17,7 +22,6 @@ anyway plus a ~100-byte control message per request.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import mmap
 import os
 from pathlib import Path
@@ -26,6 +30,8 @@ import torch
 
 #: Region alignment in bytes (float32 views need 4; 64 keeps regions on cache lines).
 ALIGN = 64
+#: Bytes at the start of every arena kept for its header (the arrival count); never allocated.
+HEADER = ALIGN
 
 
 def shm_dir() -> Path:
@@ -56,6 +62,19 @@ class Arena:
         finally:
             os.close(fd)
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)  # (size,), shares the mapping
+        self._views = [memoryview(self._mm)]
+        self._views.append(self._views[0][:8])
+        self._header = self._views[1].cast("q")  # (1,) int64: the arrival count
+        self._views.append(self._header)
+
+    @property
+    def arriving(self) -> int:
+        """Requests the owning front end is decoding and has not sent to the engine yet."""
+        return self._header[0]
+
+    @arriving.setter
+    def arriving(self, n: int) -> None:
+        self._header[0] = n
 
     def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A tensor of ``dtype`` and ``shape`` over the bytes at ``offset`` (no copy)."""
@@ -67,10 +86,17 @@ class Arena:
         return self._bytes[offset : offset + nbytes].view(dtype).view(shape)
 
     def close(self) -> None:
+        """Drop this arena's references to the mapping; it is unmapped once no tensor views it.
+
+        Never ``mmap.close()`` here: tensors from :meth:`view` do not pin the mapping against an
+        explicit close, and the engine closes a front end's arena when that front end goes away,
+        possibly while a batch holding views of it still computes (a read of unmapped memory
+        would kill the engine). Each view keeps the ``mmap`` object alive; the last one unmaps it.
+        """
         del self._bytes
-        # A tensor view may still be alive (a batch computing): the mapping then goes with it.
-        with contextlib.suppress(BufferError):
-            self._mm.close()
+        for view in reversed(self._views):
+            view.release()
+        del self._mm
 
 
 def nbytes_of(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
@@ -81,16 +107,17 @@ def nbytes_of(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
 
 
 class Allocator:
-    """First-fit allocator of aligned regions in ``[0, size)``; free regions coalesce.
+    """First-fit allocator of aligned regions in ``[start, size)``; free regions coalesce.
 
     Used by one event loop only (no locking). :meth:`allocate` returns ``None`` when no free region
     is large enough; the caller turns that into back-pressure (503).
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, start: int = 0) -> None:
         self.size = size
-        self._starts: list[int] = [0]  # free regions, sorted by start
-        self._lengths: dict[int, int] = {0: size}
+        self.start = start
+        self._starts: list[int] = [start]  # free regions, sorted by start
+        self._lengths: dict[int, int] = {start: size - start}
         self._used: dict[int, int] = {}
 
     @property
@@ -131,4 +158,4 @@ class Allocator:
 
     def reset(self) -> None:
         """Free everything (the engine restarted: no region is in use any more)."""
-        self.__init__(self.size)  # type: ignore[misc]
+        self.__init__(self.size, self.start)  # type: ignore[misc]

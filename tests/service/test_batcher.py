@@ -217,3 +217,70 @@ def test_on_scored_sees_each_option_group_once_per_batch_and_cannot_fail_answers
     results = asyncio.run(main())
     assert [len(r) for r in results] == [2] * 5
     assert sorted(seen, key=lambda s: s[2]) == [(predictor, 4, 1), (predictor, 6, 3)]
+
+
+def test_adaptive_runs_a_lone_request_at_once(predictor: Predictor, pixels: torch.Tensor) -> None:
+    """Nothing on its way from a front end: no wait, whatever ``max_delay_s`` is."""
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+    metrics = Metrics()
+
+    async def main() -> float:
+        batcher = Batcher(max_batch_size=32, max_delay_s=5.0, max_queue_length=64,
+                          metrics=metrics, arriving=lambda: 0)  # fmt: skip
+        batcher.start()
+        t0 = asyncio.get_running_loop().time()
+        await batcher.submit(predictor, "tiny", pixels[:1], opts, 10.0)
+        took = asyncio.get_running_loop().time() - t0
+        await batcher.drain(5.0)
+        return took
+
+    assert asyncio.run(main()) < 2.5  # never held for the 5 s window
+    assert metrics.batch_size.labels(model="tiny")._sum.get() == 1
+
+
+def test_adaptive_holds_the_batch_for_a_request_on_its_way(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    """A front end reports one more request decoding: the first waits for it, one forward pass."""
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+    metrics = Metrics()
+    arriving = [1]
+
+    async def main() -> list:
+        batcher = Batcher(max_batch_size=32, max_delay_s=5.0, max_queue_length=64,
+                          metrics=metrics, arriving=lambda: arriving[0])  # fmt: skip
+        batcher.start()
+        first = asyncio.create_task(batcher.submit(predictor, "tiny", pixels[:1], opts, 10.0))
+        await asyncio.sleep(0.2)
+        assert not first.done()  # held: something is on its way
+        arriving[0] = 0  # decoded; sent right after (as EngineClient.arriving does)
+        second = batcher.submit(predictor, "tiny", pixels[1:3], opts, 10.0)
+        out = await asyncio.gather(first, second)
+        await batcher.drain(5.0)
+        return out
+
+    a, b = asyncio.run(main())
+    assert (len(a), len(b)) == (1, 2)
+    # one forward pass (one observation) of 3 images
+    hist = metrics.batch_size.labels(model="tiny")
+    assert hist._sum.get() == 3
+    assert sum(b.get() for b in hist._buckets) == 1
+
+
+def test_adaptive_waits_at_most_max_delay_for_what_never_comes(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    """A request reported on its way but never sent (its decode failed) delays the batch by
+    ``max_delay_s`` at most."""
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+
+    async def main() -> float:
+        batcher = _batcher(wait_always=False, max_delay_s=0.3, arriving=lambda: 1)
+        batcher.start()
+        t0 = asyncio.get_running_loop().time()
+        await batcher.submit(predictor, "tiny", pixels[:1], opts, 10.0)
+        took = asyncio.get_running_loop().time() - t0
+        await batcher.drain(5.0)
+        return took
+
+    assert 0.29 <= asyncio.run(main()) < 5.0

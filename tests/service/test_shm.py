@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.shm import ALIGN, Allocator, Arena, create_arena_file
+from service.shm import ALIGN, HEADER, Allocator, Arena, create_arena_file
 
 
 @settings(max_examples=200, deadline=None)
@@ -46,3 +46,37 @@ def test_arena_views_share_memory_across_mappings(tmp_path: Path) -> None:
     assert torch.equal(reader.view(128, torch.float32, (2, 3, 4)), x)
     writer.close()
     reader.close()
+
+
+def test_a_closed_arena_stays_readable_through_live_views(tmp_path: Path) -> None:
+    """The engine closes a departed front end's arena while a batch may still read views of it:
+    the mapping must outlive ``close`` until the last view is gone (an unmapped read is a crash)."""
+    import gc
+
+    path = tmp_path / "a.arena"
+    create_arena_file(path, 1 << 16)
+    arena = Arena(path, 1 << 16)
+    view = arena.view(HEADER, torch.int64, (4,))
+    view.copy_(torch.tensor([1, 2, 3, 4]))
+    arena.close()
+    del arena
+    gc.collect()
+    assert view.tolist() == [1, 2, 3, 4]
+
+
+def test_the_header_carries_the_arrival_count_and_is_never_allocated(tmp_path: Path) -> None:
+    path = tmp_path / "a.arena"
+    create_arena_file(path, 1 << 16)
+    front, engine = Arena(path, 1 << 16), Arena(path, 1 << 16)
+    assert engine.arriving == 0
+    front.arriving += 3
+    front.arriving -= 1
+    assert engine.arriving == 2
+    alloc = Allocator(1 << 16, start=HEADER)
+    offsets = [alloc.allocate(1 << 12) for _ in range(15)]
+    assert min(offsets) == HEADER  # type: ignore[type-var]
+    assert alloc.allocate(1 << 12) is None  # 16 pages minus the header do not fit a 16th
+    alloc.reset()
+    assert alloc.allocate(1) == HEADER
+    front.close()
+    engine.close()
