@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 from collections.abc import Iterator
@@ -31,6 +32,28 @@ log = logging.getLogger("vge.frontend")
 RECONNECT_S = 0.05
 #: How long past its deadline a request waits for the engine before giving up (504).
 ANSWER_GRACE_S = 30.0
+
+
+class _Arrival:
+    """One request counted in its front end's arrival count (arena header) until :meth:`sent`."""
+
+    __slots__ = ("_arena",)
+
+    def __init__(self, arena: Arena) -> None:
+        arena.arriving += 1
+        self._arena: Arena | None = arena
+
+    def sent(self) -> None:
+        """Stop counting (idempotent)."""
+        if self._arena is not None:
+            self._arena.arriving -= 1
+            self._arena = None
+
+
+#: The arrival of the request the running task serves (set by :meth:`EngineClient.arrival`).
+_ARRIVAL: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar(
+    "vge_arrival", default=None
+)
 
 
 @dataclass
@@ -147,19 +170,21 @@ class EngineClient:
         return model
 
     @contextlib.contextmanager
-    def arriving(self) -> Iterator[None]:
-        """Count a request as on its way to the engine while the block runs (decoding it).
+    def arrival(self) -> Iterator[None]:
+        """Count the request this block serves as on its way to the engine, until it is sent.
 
         The count sits in the arena's header, where the engine's batcher reads it: a batch is held
-        (up to ``max_queue_delay_ms``) only while some front end is about to send more. Leave the
-        block right before sending (no ``await`` in between), so that the engine never waits for a
-        request already sent.
+        (up to ``max_queue_delay_ms``) only while some front end holds requests it will send. The
+        request stops counting when :meth:`infer` sends it (no ``await`` in between, so the engine
+        never waits for a request already sent), or when the block ends (refused, failed).
         """
-        self.arena.arriving += 1
+        arrival = _Arrival(self.arena)
+        token = _ARRIVAL.set(arrival)
         try:
             yield
         finally:
-            self.arena.arriving -= 1
+            _ARRIVAL.reset(token)
+            arrival.sent()
 
     def allocate(self, dtype: torch.dtype, shape: tuple[int, ...]) -> Region:
         """An arena region for a request tensor (503 when the arena is full)."""
@@ -201,6 +226,9 @@ class EngineClient:
             options=options,
             timeout_s=timeout_s,
         )
+        arrival = _ARRIVAL.get()
+        if arrival is not None:
+            arrival.sent()
         try:
             future = self._send("infer", request, region.offset)
         except NotReady:

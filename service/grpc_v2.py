@@ -123,27 +123,32 @@ def make_servicer(state: ServiceState) -> Any:
 
         async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
             try:
-                model = state.model(request.model_name)
-                if request.model_version and request.model_version != model.version:
-                    raise errors.NotFound(
-                        f"model {model.name!r} has no version {request.model_version!r}"
+                with state.engine.arrival():  # counted until sent, as ArrivalMiddleware does
+                    model = state.model(request.model_name)
+                    if request.model_version and request.model_version != model.version:
+                        raise errors.NotFound(
+                            f"model {model.name!r} has no version {request.model_version!r}"
+                        )
+                    params = {k: _param(v) for k, v in request.parameters.items()}
+                    vgmu_on = params.get("vgmu_on")
+                    if vgmu_on not in (None, "p", "q"):
+                        raise errors.InvalidValue("vgmu_on must be 'p' or 'q'")
+                    names = [o.name for o in request.outputs] or list(OUTPUTS)
+                    unknown = [n for n in names if n not in OUTPUTS]
+                    if unknown:
+                        raise errors.BadInput(
+                            f"unknown outputs {unknown}; available: {list(OUTPUTS)}"
+                        )
+                    n_classes = len(model.class_names)
+                    options = resolve_options(
+                        state, model, abstain_k=params.get("abstain_k"), vgmu_on=vgmu_on,
+                        top_k=n_classes,
+                    )  # fmt: skip
+                    arr, dtype = _input_array(request, state.settings.max_images)
+                    x = _to_model_input(arr, dtype, model, state)
+                    columns = await predict_tensor(
+                        state, model, x, options, params.get("timeout_s")
                     )
-                params = {k: _param(v) for k, v in request.parameters.items()}
-                vgmu_on = params.get("vgmu_on")
-                if vgmu_on not in (None, "p", "q"):
-                    raise errors.InvalidValue("vgmu_on must be 'p' or 'q'")
-                names = [o.name for o in request.outputs] or list(OUTPUTS)
-                unknown = [n for n in names if n not in OUTPUTS]
-                if unknown:
-                    raise errors.BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
-                n_classes = len(model.class_names)
-                options = resolve_options(
-                    state, model, abstain_k=params.get("abstain_k"), vgmu_on=vgmu_on,
-                    top_k=n_classes,
-                )  # fmt: skip
-                arr, dtype = _input_array(request, state.settings.max_images)
-                x = _to_model_input(arr, dtype, model, state)
-                columns = await predict_tensor(state, model, x, options, params.get("timeout_s"))
             except Exception as exc:  # noqa: BLE001 - every failure is a gRPC status
                 await _abort(context, exc)
             tensors = _outputs(columns, n_classes)

@@ -41,13 +41,12 @@ async def predict_images(
 ) -> ScoreColumns:
     """Decode encoded images into shared memory and score them; one row per image."""
     assert state.decode_pool is not None
-    with state.engine.arriving():  # the engine may hold its next batch for these images
-        region = state.engine.allocate(torch.uint8, (len(blobs), *model.input_shape))
-        try:
-            await decode_into(blobs, region.tensor, state.settings, state.decode_pool)
-        except BaseException:
-            state.engine.release(region)
-            raise
+    region = state.engine.allocate(torch.uint8, (len(blobs), *model.input_shape))
+    try:
+        await decode_into(blobs, region.tensor, state.settings, state.decode_pool)
+    except BaseException:
+        state.engine.release(region)
+        raise
     return await _score(state, model, region, options, timeout_s)
 
 

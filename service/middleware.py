@@ -1,8 +1,10 @@
-"""ASGI middleware: request metrics (duration, in-flight), the body size cap, and the drain marker."""
+"""ASGI middleware: request metrics (duration, in-flight), the body size cap, the drain marker, and
+the arrival count of scoring requests (what the engine's adaptive batching reads)."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -130,3 +132,31 @@ class DrainMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_wrapper)
+
+
+#: Requests that send images to the engine: ``POST /v1/predict`` and V2 ``.../infer``.
+_SCORING = re.compile(r"^/(v1/predict|v2/models/[^/]+(/versions/[^/]+)?/infer)$")
+
+
+class ArrivalMiddleware:
+    """Counts each scoring request as on its way to the engine from the moment it arrives
+    (:meth:`service.engine_client.EngineClient.arrival`) until the front end sends it.
+
+    With ``batch_wait=adaptive`` the engine holds a batch only while such requests exist, so it
+    must see them while they are still being parsed and decoded, not only once they are sent.
+    """
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] != "POST"
+            or not _SCORING.match(scope["path"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        with self.state.engine.arrival():
+            await self.app(scope, receive, send)

@@ -240,3 +240,56 @@ def test_a_port_in_use_is_refused_with_exit_code_2(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines()[-1] == (
         f"vge serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"
     )
+
+
+def _arriving(server: Server) -> int:
+    """The front ends' arrival counts (their arenas' headers), as the engine's batcher reads them."""
+    from service.shm import shm_dir
+
+    return sum(
+        int.from_bytes(p.read_bytes()[:8], "little", signed=True)
+        for p in shm_dir().glob(f"vge-{server.proc.pid}-*.arena")
+    )
+
+
+def test_a_scoring_request_counts_as_arriving_from_its_headers_until_it_is_sent(
+    server: Server, pngs: list[bytes]
+) -> None:
+    """What adaptive batching reads: a request counts from the moment the front end has its
+    headers (while its body is still coming) until it is sent to the engine; refused requests
+    (400, 413, 422) leave the count where it was, so no batch is ever held for them."""
+    boundary = "vgeboundary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="images"; filename="a.png"\r\n'
+            f"Content-Type: image/png\r\n\r\n"
+        ).encode()
+        + pngs[0]
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    head = (
+        f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n"
+    ).encode()
+    assert _arriving(server) == 0
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head + body[:40])  # headers and the start of the body
+        _wait_until(lambda: _arriving(server) == 1, 10, "the request to count as arriving")
+        s.sendall(body[40:])
+        reply = s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    _wait_until(lambda: _arriving(server) == 0, 10, "the count to drop once sent")
+    with server.client() as c:
+        refused = [
+            c.post("/v1/predict", files=[("images", ("a.png", b"not an image"))]).status_code,
+            c.post("/v1/predict", content=b"x", headers={"content-type": "text/plain"}).status_code,
+            c.post(
+                "/v1/predict", files=[("images", ("a.png", pngs[0]))], params={"top_k": 0}
+            ).status_code,  # fmt: skip
+            c.post("/v1/predict", content=b"x" * 500_000).status_code,
+            c.post("/v2/models/tiny/infer", json={"inputs": []}).status_code,
+        ]
+        assert c.post("/v1/predict", files=[("images", ("a.png", pngs[1]))]).status_code == 200
+    assert refused == [400, 400, 422, 413, 400]
+    assert _arriving(server) == 0
