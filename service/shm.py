@@ -100,10 +100,10 @@ class Arena:
 
 
 def nbytes_of(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
-    n = 1
+    n = dtype.itemsize
     for s in shape:
         n *= int(s)
-    return n * torch.empty((), dtype=dtype).element_size()
+    return n
 
 
 class Allocator:

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response
 
 from models.serving import ScoreColumns
 from service.decode import conform_one
-from service.deps import State
+from service.deps import State, service_state
 from service.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.inference import predict_tensor, resolve_options
 from service.model_manager import ModelInfo
@@ -337,12 +337,14 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
 
 
 @router.post("/models/{name}/infer", response_class=Response)
-async def model_infer(name: str, request: Request, state: State) -> Response:
+async def model_infer(name: str, request: Request) -> Response:
     """Inference on an image batch."""
+    state = service_state(request)  # not the State dependency: see service_state
     return await _infer(state.model(name), request, state)
 
 
 @router.post("/models/{name}/versions/{version}/infer", response_class=Response)
-async def model_version_infer(name: str, version: str, request: Request, state: State) -> Response:
+async def model_version_infer(name: str, version: str, request: Request) -> Response:
     """Inference on an explicit model version."""
+    state = service_state(request)
     return await _infer(_versioned(state, name, version), request, state)
