@@ -318,6 +318,15 @@ class Engine:
         return loaded.info.description
 
 
+def _loop_factory() -> Any:
+    """uvloop's event loop when installed (a dependency), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def engine_main(settings: Settings, socket_path: str, ready: Any = None) -> None:
     """Process entry point (spawned by the supervisor)."""
     from service.supervisor import die_with_parent
@@ -329,7 +338,10 @@ def engine_main(settings: Settings, socket_path: str, ready: Any = None) -> None
     )
     engine = Engine(settings)
     try:
-        asyncio.run(engine.run(socket_path, ready))
+        # uvloop, as the front ends: the engine's loop handles every request's messages (read,
+        # queue, answer), and on plain asyncio it cost ~230 µs of CPU per request at 1,400 req/s.
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(engine.run(socket_path, ready))
     except Exception as exc:
         log.error("vge serve: engine failed: %s: %s", type(exc).__name__, exc)
         sys.exit(1)
