@@ -42,7 +42,7 @@ timeout 170 $PY -m benchmarks.serving --targets vge litserve-scaled --vge-device
   --duration 3 --section "GPU host"; save
 step "where vge's CPU goes on CUDA at c=256 (py-spy)"
 command -v py-spy >/dev/null &&
-  timeout 60 $PY -m benchmarks.profile_serve --device cuda --conc 256 --seconds 4
+  timeout 75 $PY -m benchmarks.profile_serve --device cuda --conc 256 --seconds 4
 step "vge on the same host's CPU"
 timeout 80 $PY -m benchmarks.serving --targets vge --vge-device cpu --wrk-threads 4 \
   --levels 64 256 --batch-levels 16 --rounds 1 --duration 3 --section "GPU host, vge on its CPU"

@@ -4,8 +4,10 @@
 
 Starts ``vge serve`` (its defaults), drives it with ``wrk`` (single-image requests, keep-alive,
 loopback only, bounded in time), samples every process with ``py-spy record --subprocesses`` for a
-few seconds mid-run, and prints, per process, the cores it kept busy and its hottest frames. This
-is the measurement that says whether the front ends or the engine's event loop limit a host.
+few seconds mid-run, and prints, per process, the cores it kept busy and its hottest frames. Before
+sampling it reads every thread's CPU time from ``/proc`` over the same number of seconds and prints
+each thread's CPU µs per request (no profiler running then). This is the measurement that says
+whether the front ends, the engine's event loop or its forward pass limit a host.
 Needs ``py-spy`` (PyPI) and ``wrk``; writes nothing unless ``--raw`` names a file for the samples.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +30,42 @@ from benchmarks.serving import BOUNDARY, _pngs, multipart, targets, wrk
 _PLUMBING = ("spawn_main", "<frozen runpy>", "multiprocessing/", "threading.py", "concurrent/futures",
              "asyncio/runners", "asyncio/base_events", "uvicorn/server.py", "uvicorn/_compat",
              "service/cli/", "service/supervisor.py", "frontend_main", "engine_main", "<module>")  # fmt: skip
+
+
+def thread_cpu(root: int) -> dict[tuple[str, int], float]:
+    """CPU seconds used so far by every thread of ``root``'s children, from ``/proc``.
+
+    Keys are ``(process, tid)``: the process named by role (``engine PID``, ``front end PID``), as
+    in :func:`summarise`; a process's main thread is the one whose tid is its pid.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[tuple[str, int], float] = {}
+    for child in Path(f"/proc/{root}/task/{root}/children").read_text().split():
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"resource_tracker" in cmd:
+                continue
+            role = f"{'engine' if b'spawn_main' in cmd else 'front end'} {child}"
+            for task in Path(f"/proc/{child}/task").iterdir():
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                out[(role, int(task.name))] = (int(fields[11]) + int(fields[12])) / ticks
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+def cpu_per_request(
+    before: dict[tuple[str, int], float], after: dict[tuple[str, int], float], requests: float
+) -> str:
+    """Per process and thread, CPU µs per request between two :func:`thread_cpu` snapshots
+    (threads under 1 µs/request left out): where a request's CPU goes, without a profiler."""
+    lines = []
+    for (role, tid), t1 in sorted(after.items()):
+        used = (t1 - before.get((role, tid), 0.0)) / requests * 1e6
+        if used >= 1:
+            what = "main thread" if role.endswith(f" {tid}") else f"thread {tid}"
+            lines.append(f"{role} {what}: {used:,.0f} µs of CPU per request")
+    return "\n".join(lines)
 
 
 def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
@@ -82,11 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         load: dict[str, dict] = {}
         run = threading.Thread(
             target=lambda: load.update(
-                r=wrk(t.url + t.path, body, ctype, "", args.conc, args.seconds + 4)
+                r=wrk(t.url + t.path, body, ctype, "", args.conc, 2 * args.seconds + 4)
             )
         )
         run.start()
         threading.Event().wait(2.0)
+        before = thread_cpu(t.proc.pid)  # type: ignore[union-attr]
+        threading.Event().wait(args.seconds)  # CPU per request measured without py-spy running
+        after = thread_cpu(t.proc.pid)  # type: ignore[union-attr]
         subprocess.run(
             ["py-spy", "record", "--pid", str(t.proc.pid), "--subprocesses", "--nonblocking",  # type: ignore[union-attr]
              "--rate", str(args.rate), "--duration", str(round(args.seconds)), "--format", "raw",
@@ -99,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     r = load.get("r", {})
     print(f"{name} on {args.device}, c={args.conc}: {r.get('rps', float('nan')):,.0f} req/s, "
           f"p99 {r.get('p99', float('nan')):.1f} ms")  # fmt: skip
+    print(cpu_per_request(before, after, r.get("rps", float("nan")) * args.seconds))
     print(summarise(raw, round(args.seconds), args.rate))
     shutil.rmtree(workdir, ignore_errors=True)
     return 0

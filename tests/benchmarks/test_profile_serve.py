@@ -31,3 +31,17 @@ def test_summarise_names_roles_counts_busy_cores_and_drops_waiting(tmp_path: Pat
     assert not any("spawn_main" in line or "select" in line for line in lines)
     front = lines.index("front end 12: 0.20 cores busy")
     assert "100.0%  RequestResponseCycle.run_asgi" in lines[front + 1]
+
+
+def test_cpu_per_request_divides_each_threads_cpu_by_the_requests() -> None:
+    from benchmarks.profile_serve import cpu_per_request
+
+    before = {("engine 11", 11): 1.0, ("engine 11", 15): 2.0, ("front end 12", 12): 0.5}
+    after = {("engine 11", 11): 1.2, ("engine 11", 15): 2.5, ("front end 12", 12): 1.1,
+             ("front end 12", 19): 0.0}  # fmt: skip
+    lines = cpu_per_request(before, after, requests=1000).splitlines()
+    assert lines == [
+        "engine 11 main thread: 200 µs of CPU per request",
+        "engine 11 thread 15: 500 µs of CPU per request",
+        "front end 12 main thread: 600 µs of CPU per request",
+    ]
