@@ -71,6 +71,9 @@ class EngineClient:
         self.socket_path = socket_path
         self.arena = arena
         self.allocator = Allocator(arena.size, start=HEADER)
+        # A replacement front end reuses its predecessor's arena: a count left there by requests
+        # caught in a crash would make the engine hold every batch for max_queue_delay_ms.
+        arena.arriving = 0
         self.model: ModelInfo | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, tuple[asyncio.Future[Any], int | None]] = {}

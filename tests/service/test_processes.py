@@ -293,3 +293,35 @@ def test_a_scoring_request_counts_as_arriving_from_its_headers_until_it_is_sent(
         assert c.post("/v1/predict", files=[("images", ("a.png", pngs[1]))]).status_code == 200
     assert refused == [400, 400, 422, 413, 400]
     assert _arriving(server) == 0
+
+
+def test_a_replaced_front_end_clears_the_arrival_count_its_predecessor_left(
+    tree: Server, pngs: list[bytes]
+) -> None:
+    """A front end killed while it holds a request leaves that request counted in its arena (the
+    engine would then hold every batch for the full delay); its replacement starts from zero."""
+    port = int(tree.url.rsplit(":", 1)[1])
+    socks = []
+    try:
+        for _ in range(4):  # reach both front ends (connections spread over their listeners)
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(
+                b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n"
+                b"Content-Type: multipart/form-data; boundary=b\r\n\r\n--b\r\n"
+            )  # a body that never completes: counted as arriving until the connection ends
+            socks.append(s)
+        _wait_until(lambda: _arriving(tree) == 4, 10, "4 requests to count as arriving")
+        old = _children(tree.proc.pid)["frontend"]
+        for pid in old:
+            os.kill(pid, signal.SIGKILL)
+        _wait_until(
+            lambda: len(set(_children(tree.proc.pid)["frontend"]) - set(old)) == 2,
+            30,
+            "both front ends to be replaced",
+        )
+        _wait_until(lambda: _ready(tree), 30, "readiness")
+        assert _arriving(tree) == 0
+        assert _predict(tree, pngs[0]).status_code == 200
+    finally:
+        for s in socks:
+            s.close()
