@@ -35,19 +35,28 @@ ANSWER_GRACE_S = 30.0
 
 
 class _Arrival:
-    """One request counted in its front end's arrival count (arena header) until :meth:`sent`."""
+    """One request's place in its front end's arrival count (the arena header): counted from
+    :meth:`start` (its body is in) until :meth:`sent`."""
 
-    __slots__ = ("_arena",)
+    __slots__ = ("_arena", "_counted", "_done")
 
     def __init__(self, arena: Arena) -> None:
-        arena.arriving += 1
-        self._arena: Arena | None = arena
+        self._arena = arena
+        self._counted = False
+        self._done = False
+
+    def start(self) -> None:
+        """Count the request (idempotent; not after :meth:`sent`)."""
+        if not self._counted and not self._done:
+            self._counted = True
+            self._arena.arriving += 1
 
     def sent(self) -> None:
         """Stop counting (idempotent)."""
-        if self._arena is not None:
+        self._done = True
+        if self._counted:
+            self._counted = False
             self._arena.arriving -= 1
-            self._arena = None
 
 
 #: The arrival of the request the running task serves (set by :meth:`EngineClient.arrival`).
@@ -173,18 +182,20 @@ class EngineClient:
         return model
 
     @contextlib.contextmanager
-    def arrival(self) -> Iterator[None]:
-        """Count the request this block serves as on its way to the engine, until it is sent.
+    def arrival(self) -> Iterator[_Arrival]:
+        """The arrival of the request this block serves; call ``start()`` once its body is in.
 
-        The count sits in the arena's header, where the engine's batcher reads it: a batch is held
-        (up to ``max_queue_delay_ms``) only while some front end holds requests it will send. The
-        request stops counting when :meth:`infer` sends it (no ``await`` in between, so the engine
-        never waits for a request already sent), or when the block ends (refused, failed).
+        From ``start()`` until it is sent, the request counts in the arena's header, where the
+        engine's batcher reads it: a batch is held (up to ``max_queue_delay_ms``) only while some
+        front end holds requests it is about to send. Counting starts when the body is complete,
+        not at the headers, so a slow upload holds no batch. The request stops counting when
+        :meth:`infer` sends it (no ``await`` in between, so the engine never waits for a request
+        already sent), or when the block ends (refused, failed, the client gone).
         """
         arrival = _Arrival(self.arena)
         token = _ARRIVAL.set(arrival)
         try:
-            yield
+            yield arrival
         finally:
             _ARRIVAL.reset(token)
             arrival.sent()

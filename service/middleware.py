@@ -139,11 +139,12 @@ _SCORING = re.compile(r"^/(v1/predict|v2/models/[^/]+(/versions/[^/]+)?/infer)$"
 
 
 class ArrivalMiddleware:
-    """Counts each scoring request as on its way to the engine from the moment it arrives
-    (:meth:`service.engine_client.EngineClient.arrival`) until the front end sends it.
+    """Counts each scoring request as on its way to the engine from the moment its body is complete
+    until the front end sends it (:meth:`service.engine_client.EngineClient.arrival`).
 
     With ``batch_wait=adaptive`` the engine holds a batch only while such requests exist, so it
-    must see them while they are still being parsed and decoded, not only once they are sent.
+    must see them while they are still being parsed and decoded, not only once they are sent; a
+    body still uploading is not counted (a slow client would otherwise hold every batch).
     """
 
     def __init__(self, app: ASGIApp, state: Any) -> None:
@@ -158,5 +159,12 @@ class ArrivalMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        with self.state.engine.arrival():
-            await self.app(scope, receive, send)
+        with self.state.engine.arrival() as arrival:
+
+            async def counting_receive() -> Message:
+                message = await receive()
+                if message["type"] == "http.request" and not message.get("more_body", False):
+                    arrival.start()
+                return message
+
+            await self.app(scope, counting_receive, send)
