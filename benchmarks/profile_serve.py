@@ -23,7 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from benchmarks.serving import BOUNDARY, _pngs, multipart, targets, wrk
+from benchmarks.serving import BOUNDARY, _pngs, multipart, targets, tree_roles, wrk
 
 #: Frames every sample of a process passes through (start-up, thread and loop plumbing): left out
 #: of the hottest-frames list, which would otherwise show only them.
@@ -40,16 +40,14 @@ def thread_cpu(root: int) -> dict[tuple[str, int], float]:
     """
     ticks = os.sysconf("SC_CLK_TCK")
     out: dict[tuple[str, int], float] = {}
-    for child in Path(f"/proc/{root}/task/{root}/children").read_text().split():
+    for role, child in tree_roles(root):
         try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"resource_tracker" in cmd:
-                continue
-            role = f"{'engine' if b'spawn_main' in cmd else 'front end'} {child}"
             for task in Path(f"/proc/{child}/task").iterdir():
                 fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                out[(role, int(task.name))] = (int(fields[11]) + int(fields[12])) / ticks
-        except (FileNotFoundError, ProcessLookupError):
+                out[(f"{role} {child}", int(task.name))] = (
+                    int(fields[11]) + int(fields[12])
+                ) / ticks
+        except FileNotFoundError:  # exited meanwhile
             continue
     return out
 

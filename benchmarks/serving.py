@@ -338,6 +338,20 @@ def pss_mb(pid: int) -> float:
     return total / 1024
 
 
+def tree_roles(pid: int) -> list[tuple[str, int]]:
+    """``vge serve``'s children as ``(role, pid)``: ``engine`` (spawned) or ``front end`` (forked),
+    in /proc's order; multiprocessing's resource tracker left out."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:  # exited meanwhile
+            continue
+        if b"resource_tracker" not in cmd:
+            out.append(("engine" if b"spawn_main" in cmd else "front end", int(child)))
+    return out
+
+
 def pss_by_process(pid: int) -> dict[str, float]:
     """PSS and RSS (MiB) of a process and each of its children, by command line (vge's tree)."""
     out: dict[str, float] = {}
@@ -350,13 +364,10 @@ def pss_by_process(pid: int) -> dict[str, float]:
 
     out["supervisor PSS"], out["supervisor RSS"] = one(pid)
     n = 0
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-        if b"resource_tracker" in cmd:
-            continue
-        role = "engine" if b"spawn_main" in cmd else f"front end {n}"
-        n += role != "engine"
-        out[f"{role} PSS"], out[f"{role} RSS"] = one(int(child))
+    for role, child in tree_roles(pid):
+        if role == "front end":
+            role, n = f"front end {n}", n + 1
+        out[f"{role} PSS"], out[f"{role} RSS"] = one(child)
     return out
 
 

@@ -70,7 +70,7 @@ class Predictor:
             torch.backends.cuda.matmul.allow_tf32 = False
         module, card = load_checkpoint(model_dir, dev)
         if dev.type == "cpu":
-            # oneDNN's NHWC convolution kernels: the default model's forward pass is 1.6-1.9x
+            # oneDNN's NHWC convolution kernels: the default model's forward pass is 1.4-2.4x
             # faster on one thread than with NCHW weights (docs/benchmarks.md, "Forward pass on
             # CPU"). Only 4-d weights change layout; inputs stay NCHW (the convolution follows the
             # weight's format), and answers agree with NCHW to float32 round-off (~1e-6).

@@ -64,8 +64,8 @@ class Engine:
 
             self.reviews = open_review_store(settings)
             self.jobs.reviews = self.reviews
-        self._clients: set[asyncio.StreamWriter] = set()
-        self._arenas: set[Any] = set()  # the connected front ends' arenas (service.shm.Arena)
+        # The connected front ends, each with its arena (service.shm.Arena).
+        self._clients: dict[asyncio.StreamWriter, Any] = {}
         self._monitors: dict[int, Any] = {}  # model generation -> UncertaintyMonitor
 
     # ------------------------------------------------------------------ lifecycle
@@ -165,7 +165,7 @@ class Engine:
 
     def _arriving(self) -> int:
         """Requests the connected front ends are decoding for the engine (arena headers)."""
-        return sum(arena.arriving for arena in self._arenas)
+        return sum(arena.arriving for arena in self._clients.values())
 
     def _monitor(self, generation: int, predictor: Any) -> Any:
         from service.drift import UncertaintyMonitor
@@ -227,8 +227,7 @@ class Engine:
             if kind != "hello":
                 raise ValueError(f"expected hello, got {kind!r}")
             arena = Arena(hello["arena"], hello["size"])
-            self._arenas.add(arena)
-            self._clients.add(writer)
+            self._clients[writer] = arena
             current = self.models.current
             if current is not None:
                 self._send(writer, "model", 0, current.info)
@@ -250,12 +249,11 @@ class Engine:
         except Exception:
             log.exception("engine: dropping a front-end connection")
         finally:
-            self._clients.discard(writer)
+            self._clients.pop(writer, None)
             for task in tasks:  # queued requests of a gone front end are dropped, not computed
                 task.cancel()
             writer.close()
             if arena is not None:
-                self._arenas.discard(arena)
                 arena.close()
 
     async def _infer(

@@ -62,10 +62,7 @@ class Arena:
         finally:
             os.close(fd)
         self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)  # (size,), shares the mapping
-        self._views = [memoryview(self._mm)]
-        self._views.append(self._views[0][:8])
-        self._header = self._views[1].cast("q")  # (1,) int64: the arrival count
-        self._views.append(self._header)
+        self._header = memoryview(self._mm)[:8].cast("q")  # (1,) int64: the arrival count
 
     @property
     def arriving(self) -> int:
@@ -94,8 +91,7 @@ class Arena:
         would kill the engine). Each view keeps the ``mmap`` object alive; the last one unmaps it.
         """
         del self._bytes
-        for view in reversed(self._views):
-            view.release()
+        self._header.release()
         del self._mm
 
 
