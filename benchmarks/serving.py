@@ -101,6 +101,7 @@ class Target:
     port: int = 0
     extra_ports: list[int] = field(default_factory=list)
     log_path: Path | None = None  # the server's stdout and stderr
+    cwd: Path = REPO  # the source tree it runs (benchmarks.ab points one at another build)
 
     @property
     def url(self) -> str:
@@ -111,7 +112,7 @@ class Target:
             [a.format(port=self.port, p1=self.extra_ports[0] if self.extra_ports else 0,
                       p2=self.extra_ports[1] if len(self.extra_ports) > 1 else 0)
              for a in self.cmd],
-            cwd=REPO, env=self.env, stdout=self.log_path.open("ab") if self.log_path else subprocess.DEVNULL,
+            cwd=self.cwd, env=self.env, stdout=self.log_path.open("ab") if self.log_path else subprocess.DEVNULL,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 180

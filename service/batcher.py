@@ -20,7 +20,11 @@ Guarantees (each tested in tests/service/test_batcher.py):
 * a batch holds requests for one predictor only, so after a hot swap, requests admitted for the
   old model finish on it;
 * requests with equal :class:`~models.serving.ScoreOptions` are scored in one call;
-* every accepted request gets exactly one answer, including on shutdown (:meth:`drain`).
+* every accepted request gets exactly one answer, including on shutdown (:meth:`drain`), unless
+  its sender went away (:meth:`cancel`: never computed if still queued).
+
+The engine queues with :meth:`enqueue` and a callback (no task or future per request);
+:meth:`submit` is the same as a coroutine.
 """
 
 from __future__ import annotations
@@ -50,8 +54,14 @@ log = logging.getLogger("vge.batcher")
 
 class _State(enum.Enum):
     QUEUED = "queued"
-    TAKEN = "taken"
-    DROPPED = "dropped"
+    TAKEN = "taken"  # in a batch that computes
+    DROPPED = "dropped"  # removed unanswered (its front end went away)
+    ANSWERED = "answered"
+
+
+#: How a queued request is answered: ``answer(columns, None)`` or ``answer(None, error)``, exactly
+#: once, on the event loop.
+Answer = Callable[[ScoreColumns | None, BaseException | None], None]
 
 
 @dataclasses.dataclass(eq=False)
@@ -62,14 +72,31 @@ class _Unit:
     model: str
     x: torch.Tensor  # (n, Cin, H, W) uint8 pixels or float32 prepared input
     options: ScoreOptions
-    deadline: float
+    timeout_s: float
     enqueued: float
-    future: asyncio.Future[ScoreColumns]
+    answer: Answer
+    timer: asyncio.TimerHandle | None = None  # fires at the deadline while queued
     state: _State = _State.QUEUED
 
     @property
     def rows(self) -> int:
         return int(self.x.shape[0])
+
+    def reply(self, columns: ScoreColumns | None, error: BaseException | None) -> None:
+        """Answer once; a failing answer callback is logged, never raised into the batch loop."""
+        if self.state is _State.ANSWERED:
+            return
+        self.state = _State.ANSWERED
+        if self.timer is not None:
+            self.timer.cancel()
+        try:
+            self.answer(columns, error)
+        except Exception:  # noqa: BLE001
+            log.exception("answering a request failed")
+
+
+def _ignore(columns: ScoreColumns | None, error: BaseException | None) -> None:
+    """The answer of a cancelled request: nobody waits for it."""
 
 
 class Batcher:
@@ -106,6 +133,7 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vge-compute")
         self._batch_s = 0.01  # running estimate of one batch's compute time (for Retry-After)
+        self._gauges: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -147,13 +175,13 @@ class Batcher:
                 self._task.cancel()
         while self._pending:
             unit = self._pending.popleft()
-            if unit.state is _State.QUEUED and not unit.future.done():
-                unit.state = _State.DROPPED
-                unit.future.set_exception(
+            if unit.state is _State.QUEUED:
+                unit.reply(
+                    None,
                     QueueFull(
                         "the server shut down before this request ran; retry",
                         headers={"Retry-After": "1"},
-                    )
+                    ),
                 )
         self._rows = 0
         self._executor.shutdown(wait=False)
@@ -163,17 +191,21 @@ class Batcher:
         batches_ahead = math.ceil((self._rows + 1) / self.max_batch_size)
         return str(max(1, math.ceil(batches_ahead * self._batch_s)))
 
-    async def submit(
+    def enqueue(
         self,
         predictor: Any,
         model: str,
         x: torch.Tensor,
         options: ScoreOptions,
         timeout_s: float,
-    ) -> ScoreColumns:
-        """Queue ``x`` (n, Cin, H, W) for ``predictor``; return its rows' packed score columns.
+        answer: Answer,
+    ) -> _Unit:
+        """Queue ``x`` (n, Cin, H, W) for ``predictor``; ``answer`` gets its rows' packed score
+        columns, or :class:`DeadlineExceeded` (504) if its deadline passes while it is queued.
 
-        Raises :class:`QueueFull` (503) or :class:`DeadlineExceeded` (504).
+        Raises :class:`QueueFull` (503) at once when the request does not fit. No task or future
+        per request: the engine's event loop handles every request's bookkeeping, and at
+        thousands of requests a second that is its main cost.
         """
         if not self._admitting:
             raise QueueFull(
@@ -187,34 +219,77 @@ class Batcher:
                 "retry after the Retry-After seconds",
                 headers={"Retry-After": self._retry_after()},
             )
-        now = time.monotonic()
-        future: asyncio.Future[ScoreColumns] = asyncio.get_running_loop().create_future()
-        unit = _Unit(predictor, model, x, options, now + timeout_s, now, future)
+        unit = _Unit(predictor, model, x, options, timeout_s, time.monotonic(), answer)
+        unit.timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, unit)
         self._pending.append(unit)
         self._rows += n
-        self.metrics.queue_depth.labels(model=model).set(self._rows)
+        self._queue_depth(model).set(self._rows)
         self._wakeup.set()
+        return unit
+
+    async def submit(
+        self,
+        predictor: Any,
+        model: str,
+        x: torch.Tensor,
+        options: ScoreOptions,
+        timeout_s: float,
+    ) -> ScoreColumns:
+        """:meth:`enqueue` as a coroutine: the request's columns, or its error raised.
+
+        Cancelling the caller drops the request if it is still queued (:meth:`cancel`).
+        """
+        future: asyncio.Future[ScoreColumns] = asyncio.get_running_loop().create_future()
+
+        def answer(columns: ScoreColumns | None, error: BaseException | None) -> None:
+            if not future.done():
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(columns)  # type: ignore[arg-type]
+
+        unit = self.enqueue(predictor, model, x, options, timeout_s, answer)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            if unit.state is _State.TAKEN:  # already computing: answer when it is done
-                return await future
-            self._remove(unit)
-            raise DeadlineExceeded(
-                f"the request's deadline of {timeout_s:g}s passed while it was queued; it was not "
-                "computed (raise timeout_s or retry)"
-            ) from None
-        except asyncio.CancelledError:  # the front end went away
-            self._remove(unit)
+            return await future
+        except asyncio.CancelledError:
+            self.cancel(unit)
             raise
 
+    def cancel(self, unit: _Unit) -> None:
+        """Drop a request whose sender went away: never computed if still queued, never answered."""
+        self._remove(unit)  # when still queued
+        if unit.timer is not None:
+            unit.timer.cancel()
+        unit.answer = _ignore  # a batch already computing it answers nobody
+
+    def _expire(self, unit: _Unit) -> None:
+        """The deadline timer: a request still queued is dropped and answered 504; one already
+        computing is answered when its batch finishes."""
+        if unit.state is _State.QUEUED:
+            self._remove(unit)
+            unit.reply(
+                None,
+                DeadlineExceeded(
+                    f"the request's deadline of {unit.timeout_s:g}s passed while it was queued; "
+                    "it was not computed (raise timeout_s or retry)"
+                ),
+            )
+
+    def _queue_depth(self, model: str) -> Any:
+        """The queue-depth gauge of ``model`` (prometheus-client's labelled child, cached)."""
+        gauge = self._gauges.get(model)
+        if gauge is None:
+            gauge = self._gauges[model] = self.metrics.queue_depth.labels(model=model)
+        return gauge
+
     def _remove(self, unit: _Unit) -> None:
+        """Take a queued request out of the queue (unanswered)."""
         if unit.state is _State.QUEUED:
             unit.state = _State.DROPPED
             with contextlib.suppress(ValueError):
                 self._pending.remove(unit)
             self._rows -= unit.rows
-            self.metrics.queue_depth.labels(model=unit.model).set(self._rows)
+            self._queue_depth(unit.model).set(self._rows)
             self._wakeup.set()
 
     # ------------------------------------------------------------------ batch loop
@@ -227,13 +302,6 @@ class Batcher:
         batch: list[_Unit] = []
         rows = 0
         for unit in list(self._pending):
-            if unit.deadline <= now:  # expired while queued: never computed
-                self._remove(unit)
-                if not unit.future.done():
-                    unit.future.set_exception(
-                        DeadlineExceeded("the request's deadline passed while it was queued")
-                    )
-                continue
             if unit.predictor is not predictor:
                 continue
             if batch and rows + unit.rows > self.max_batch_size:
@@ -243,11 +311,14 @@ class Batcher:
             batch.append(unit)
             rows += unit.rows
             self._rows -= unit.rows
-            self.metrics.queue_wait.labels(model=unit.model).observe(now - unit.enqueued)
             if rows >= self.max_batch_size:
                 break
         if batch:
-            self.metrics.queue_depth.labels(model=batch[0].model).set(self._rows)
+            model = batch[0].model
+            self._queue_depth(model).set(self._rows)
+            wait = self.metrics.queue_wait.labels(model=model)
+            for unit in batch:
+                wait.observe(now - unit.enqueued)
         return batch
 
     async def _loop(self) -> None:
@@ -332,12 +403,10 @@ class Batcher:
         self.metrics.compute.labels(model=model).observe(elapsed)
         self.metrics.batch_size.labels(model=model).observe(rows)
         for unit, (ok, value) in zip(batch, results, strict=True):
-            if unit.future.done():
-                continue
             if ok:
-                unit.future.set_result(value)
+                unit.reply(value, None)
             else:
-                unit.future.set_exception(value)
+                unit.reply(None, value)
         if self.on_scored is not None:
             predictor = batch[0].predictor
             for columns in scored:

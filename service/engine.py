@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.ipc import InferRequest, RemoteError, encode, read_message
+from service.ipc import InferRequest, Outbox, RemoteError, read_frame
 from service.settings import Settings
 
 log = logging.getLogger("vge.engine")
@@ -64,8 +64,9 @@ class Engine:
 
             self.reviews = open_review_store(settings)
             self.jobs.reviews = self.reviews
-        # The connected front ends, each with its arena (service.shm.Arena).
-        self._clients: dict[asyncio.StreamWriter, Any] = {}
+        # The connected front ends: each one's outbox (answers, coalesced per loop iteration) and
+        # arena (service.shm.Arena).
+        self._clients: dict[Outbox, Any] = {}
         self._monitors: dict[int, Any] = {}  # model generation -> UncertaintyMonitor
 
     # ------------------------------------------------------------------ lifecycle
@@ -123,8 +124,8 @@ class Engine:
         server.close()
         await self.batcher.drain(self.settings.shutdown_grace_s)
         await asyncio.to_thread(self.jobs.shutdown)
-        for writer in list(self._clients):
-            writer.close()
+        for outbox in list(self._clients):
+            outbox.close()
 
     async def _review_housekeeping(self) -> None:
         """The review queue's depth gauge (every 2 s) and retention (at start, then hourly).
@@ -159,10 +160,6 @@ class Engine:
             await asyncio.sleep(5.0)
 
     # ------------------------------------------------------------------ clients
-    def _send(self, writer: asyncio.StreamWriter, kind: str, request_id: int, payload: Any) -> None:
-        if not writer.is_closing():
-            writer.write(encode(kind, request_id, payload))
-
     def _arriving(self) -> int:
         """Requests the connected front ends are decoding for the engine (arena headers)."""
         return sum(arena.arriving for arena in self._clients.values())
@@ -212,36 +209,42 @@ class Engine:
         self._export_model_series()
         current = self.models.current
         if current is not None:
-            for writer in list(self._clients):
-                self._send(writer, "model", 0, current.info)
+            for outbox in list(self._clients):
+                outbox.put(("model", 0, current.info))
 
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        """One front end's connection: its hello, then frames of requests until it goes away.
+
+        Scoring requests are queued synchronously (no task per request) and answered through
+        the connection's :class:`~service.ipc.Outbox`; admin calls run as tasks.
+        """
         from service.shm import Arena
 
-        tasks: set[asyncio.Task[None]] = set()
+        outbox = Outbox(writer)
+        inflight: dict[int, Any] = {}  # request id -> its batcher unit, until answered
+        calls: set[asyncio.Task[None]] = set()
         arena: Arena | None = None
         try:
-            kind, _, hello = await read_message(reader)
+            (kind, _, hello), *_ = await read_frame(reader)
             if kind != "hello":
                 raise ValueError(f"expected hello, got {kind!r}")
             arena = Arena(hello["arena"], hello["size"])
-            self._clients[writer] = arena
+            self._clients[outbox] = arena
             current = self.models.current
             if current is not None:
-                self._send(writer, "model", 0, current.info)
+                outbox.put(("model", 0, current.info))
             while True:
-                kind, request_id, payload = await read_message(reader)
-                if kind == "infer":
-                    task = asyncio.create_task(self._infer(writer, arena, request_id, payload))
-                elif kind == "call":
-                    task = asyncio.create_task(self._call(writer, request_id, *payload))
-                else:
-                    log.warning("engine: unknown message %r", kind)
-                    continue
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                for kind, request_id, payload in await read_frame(reader):
+                    if kind == "infer":
+                        self._infer(outbox, arena, inflight, request_id, payload)
+                    elif kind == "call":
+                        task = asyncio.create_task(self._call(outbox, request_id, *payload))
+                        calls.add(task)
+                        task.add_done_callback(calls.discard)
+                    else:
+                        log.warning("engine: unknown message %r", kind)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end went away (exit or crash)
         except asyncio.CancelledError:
@@ -249,44 +252,57 @@ class Engine:
         except Exception:
             log.exception("engine: dropping a front-end connection")
         finally:
-            self._clients.pop(writer, None)
-            for task in tasks:  # queued requests of a gone front end are dropped, not computed
+            self._clients.pop(outbox, None)
+            for unit in inflight.values():  # a gone front end's queued requests: never computed
+                self.batcher.cancel(unit)
+            for task in calls:
                 task.cancel()
-            writer.close()
+            outbox.close()
             if arena is not None:
                 arena.close()
 
-    async def _infer(
-        self, writer: asyncio.StreamWriter, arena: Any, request_id: int, req: InferRequest
-    ) -> None:
+    def _infer(
+        self, outbox: Outbox, arena: Any, inflight: dict[int, Any], request_id: int,
+        req: InferRequest,
+    ) -> None:  # fmt: skip
+        """Queue one scoring request; its answer goes into ``outbox`` (a 4xx/5xx as data)."""
         import torch
+
+        def answer(columns: Any, error: BaseException | None) -> None:
+            inflight.pop(request_id, None)
+            if error is None:
+                outbox.put(("ok", request_id, columns.data))
+            else:
+                self._error(outbox, request_id, error)
 
         try:
             if req.dtype not in _DTYPES:
                 raise ValueError(f"unsupported input dtype {req.dtype!r}")
             predictor = self.models.predictor_for(req.generation)
             x = arena.view(req.offset, getattr(torch, req.dtype), tuple(req.shape))
-            columns = await self.batcher.submit(
-                predictor, predictor.card.name, x, req.options, req.timeout_s
+            inflight[request_id] = self.batcher.enqueue(
+                predictor, predictor.card.name, x, req.options, req.timeout_s, answer
             )
-            self._send(writer, "ok", request_id, columns.data)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - every request gets exactly one answer
-            if not isinstance(exc, ValueError) and type(exc).__module__ != "service.errors":
-                log.exception("engine: request failed")
-            self._send(writer, "error", request_id, RemoteError.of(exc))
+            self._error(outbox, request_id, exc)
+
+    @staticmethod
+    def _error(outbox: Outbox, request_id: int, exc: BaseException) -> None:
+        """Answer ``request_id`` with ``exc`` (logged unless it is a client's or a 4xx/5xx)."""
+        if not isinstance(exc, ValueError) and type(exc).__module__ != "service.errors":
+            log.error("engine: request failed", exc_info=exc)
+        outbox.put(("error", request_id, RemoteError.of(exc)))
 
     async def _call(
-        self, writer: asyncio.StreamWriter, request_id: int, method: str, kwargs: dict[str, Any]
+        self, outbox: Outbox, request_id: int, method: str, kwargs: dict[str, Any]
     ) -> None:
         try:
             result = await self._dispatch(method, kwargs)
-            self._send(writer, "ok", request_id, result)
+            outbox.put(("ok", request_id, result))
         except Exception as exc:  # noqa: BLE001
             if type(exc).__module__ != "service.errors":
                 log.exception("engine: %s failed", method)
-            self._send(writer, "error", request_id, RemoteError.of(exc))
+            outbox.put(("error", request_id, RemoteError.of(exc)))
 
     async def _dispatch(self, method: str, kwargs: dict[str, Any]) -> Any:
         """Admin operations that exist once per server (front ends forward them here)."""

@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ import torch
 
 from models.serving import ScoreColumns, ScoreOptions
 from service.errors import NotReady, QueueFull
-from service.ipc import InferRequest, RemoteError, encode, read_message
+from service.ipc import InferRequest, Outbox, RemoteError, read_frame
 from service.model_manager import ModelInfo
 from service.shm import HEADER, Allocator, Arena, nbytes_of
 
@@ -84,7 +84,7 @@ class EngineClient:
         # caught in a crash would make the engine hold every batch for max_queue_delay_ms.
         arena.arriving = 0
         self.model: ModelInfo | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._outbox: Outbox | None = None
         self._pending: dict[int, tuple[asyncio.Future[Any], int | None]] = {}
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
@@ -94,7 +94,7 @@ class EngineClient:
     @property
     def ready(self) -> bool:
         """Connected to an engine that has a model loaded."""
-        return self._writer is not None and self.model is not None
+        return self._outbox is not None and self.model is not None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._connect_loop())
@@ -110,8 +110,8 @@ class EngineClient:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._writer is not None:
-            self._writer.close()
+        if self._outbox is not None:
+            self._outbox.close()
 
     # ------------------------------------------------------------------ connection
     async def _connect_loop(self) -> None:
@@ -121,22 +121,23 @@ class EngineClient:
             except OSError:
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            writer.write(encode("hello", 0, {"arena": self.arena.path, "size": self.arena.size}))
-            self._writer = writer
+            outbox = Outbox(writer)
+            outbox.put(("hello", 0, {"arena": self.arena.path, "size": self.arena.size}))
+            self._outbox = outbox
             try:
                 await self._read_loop(reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 pass
             finally:
                 self._lost()
-                writer.close()
+                outbox.close()
             await asyncio.sleep(RECONNECT_S)
 
     def _lost(self) -> None:
         """The engine went away: every waiting request gets a 503 now; regions are free again."""
         if self.model is not None and not self._closed:
             log.warning("lost the engine; answering %d waiting requests 503", len(self._pending))
-        self._writer = None
+        self._outbox = None
         self.model = None
         self._connected.clear()
         pending, self._pending = self._pending, {}
@@ -152,30 +153,30 @@ class EngineClient:
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         while True:
-            kind, request_id, payload = await read_message(reader)
-            if kind == "model":
-                self.model = payload
-                self._connected.set()
-                continue
-            entry = self._pending.pop(request_id, None)
-            if entry is None:
-                continue
-            future, offset = entry
-            if offset is not None:
-                self.allocator.free(offset)  # the engine is done with this region
-            if future.done():
-                continue
-            if kind == "ok":
-                future.set_result(payload)
-            else:
-                assert isinstance(payload, RemoteError)
-                future.set_exception(payload.exception())
+            for kind, request_id, payload in await read_frame(reader):
+                if kind == "model":
+                    self.model = payload
+                    self._connected.set()
+                    continue
+                entry = self._pending.pop(request_id, None)
+                if entry is None:
+                    continue
+                future, offset = entry
+                if offset is not None:
+                    self.allocator.free(offset)  # the engine is done with this region
+                if future.done():
+                    continue
+                if kind == "ok":
+                    future.set_result(payload)
+                else:
+                    assert isinstance(payload, RemoteError)
+                    future.set_exception(payload.exception())
 
     # ------------------------------------------------------------------ requests
     def current_model(self) -> ModelInfo:
         """The served model, or 503 while the engine is (re)starting."""
         model = self.model
-        if model is None or self._writer is None:
+        if model is None or self._outbox is None:
             raise NotReady(
                 "the inference engine is starting; retry shortly", headers={"Retry-After": "1"}
             )
@@ -215,16 +216,24 @@ class EngineClient:
         """Free a region that was never handed to the engine (e.g. a decode error)."""
         self.allocator.free(region.offset)
 
-    def _send(self, kind: str, payload: Any, offset: int | None) -> asyncio.Future[Any]:
-        writer = self._writer
-        if writer is None:
+    def _send(
+        self,
+        kind: str,
+        payload: Any,
+        offset: int | None,
+        after: Callable[[], None] | None = None,
+    ) -> asyncio.Future[Any]:
+        """Queue a message for the engine (sent with this loop iteration's others, one frame);
+        ``after`` runs once it is written."""
+        outbox = self._outbox
+        if outbox is None:
             raise NotReady(
                 "the inference engine is restarting; retry", headers={"Retry-After": "1"}
             )
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (future, offset)
-        writer.write(encode(kind, request_id, payload))
+        outbox.put((kind, request_id, payload), after)
         return future
 
     async def infer(
@@ -241,10 +250,12 @@ class EngineClient:
             timeout_s=timeout_s,
         )
         arrival = _ARRIVAL.get()
-        if arrival is not None:
-            arrival.sent()
         try:
-            future = self._send("infer", request, region.offset)
+            # The request stops counting once it is written, at the end of this loop iteration,
+            # together with every other request decoded in it.
+            future = self._send(
+                "infer", request, region.offset, None if arrival is None else arrival.sent
+            )
         except NotReady:
             self.release(region)
             raise

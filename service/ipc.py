@@ -1,8 +1,12 @@
 """The control channel between front ends and the engine: framed pickles over a Unix socket.
 
-Each message is a tuple ``(kind, request_id, payload)``, pickled and prefixed with its length
-(4 bytes, little endian). Tensors never travel here — only offsets into a shared arena
-(:mod:`service.shm`) and the packed score block of a batch (a few hundred bytes per image).
+Each message is a tuple ``(kind, request_id, payload)``. Messages travel in frames: a pickled list
+of messages prefixed with its length (4 bytes, little endian). An :class:`Outbox` puts everything
+one side sends within one event-loop iteration into one frame — the requests a front end decoded
+in one tick, the answers of one batch to one front end — so under load the engine's event loop
+reads, unpickles and writes once per tick and front end, not once per request. Tensors never
+travel here — only offsets into a shared arena (:mod:`service.shm`) and the packed score rows of
+each request (a few hundred bytes per image).
 
 Kinds, front end → engine: ``hello`` (arena path and size), ``infer`` (:class:`InferRequest`),
 ``call`` (an admin method and its keyword arguments).
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,15 +68,60 @@ class RemoteError:
         return RuntimeError(self.message)
 
 
-def encode(kind: str, request_id: int, payload: Any) -> bytes:
-    body = pickle.dumps((kind, request_id, payload), protocol=pickle.HIGHEST_PROTOCOL)
+Message = tuple[str, int, Any]  # (kind, request_id, payload)
+
+
+def encode(messages: list[Message]) -> bytes:
+    """One frame holding ``messages``, in order."""
+    body = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
     return _LEN.pack(len(body)) + body
 
 
-async def read_message(reader: asyncio.StreamReader) -> tuple[str, int, Any]:
-    """The next message; raises ``asyncio.IncompleteReadError`` at EOF."""
+async def read_frame(reader: asyncio.StreamReader) -> list[Message]:
+    """The messages of the next frame, in order; raises ``asyncio.IncompleteReadError`` at EOF."""
     (n,) = _LEN.unpack(await reader.readexactly(_LEN.size))
     if n > MAX_FRAME:
         raise ValueError(f"control frame of {n} bytes is over the limit")
-    kind, request_id, payload = pickle.loads(await reader.readexactly(n))
-    return kind, request_id, payload
+    messages: list[Message] = pickle.loads(await reader.readexactly(n))
+    return messages
+
+
+class Outbox:
+    """Messages to one peer, sent as one frame at the end of the current event-loop iteration.
+
+    :meth:`put` only appends; the first put of an iteration schedules :meth:`flush` with
+    ``call_soon``, which runs after every callback already ready in this iteration — e.g. all the
+    answers of the batch that just finished, or every request decoded in this tick. Each message
+    may carry a callback run once it has been written (the front end's arrival count).
+    """
+
+    __slots__ = ("_writer", "_messages", "_after", "_scheduled")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._messages: list[Message] = []
+        self._after: list[Callable[[], None]] = []
+        self._scheduled = False
+
+    def put(self, message: Message, after: Callable[[], None] | None = None) -> None:
+        self._messages.append(message)
+        if after is not None:
+            self._after.append(after)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write what is waiting as one frame (dropped once the connection is closing)."""
+        self._scheduled = False
+        messages, self._messages = self._messages, []
+        after, self._after = self._after, []
+        if messages and not self._writer.is_closing():
+            self._writer.write(encode(messages))
+        for callback in after:
+            callback()
+
+    def close(self) -> None:
+        """Write what is waiting, then close the connection."""
+        self.flush()
+        self._writer.close()

@@ -153,6 +153,46 @@ async def _slow_batcher_with_queued(
     return batcher, queued
 
 
+def test_enqueue_answers_each_request_once_and_a_cancelled_one_never(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    """The engine's path: callbacks, no futures. A request whose front end went away is dropped
+    from the queue (never computed, never answered); the others get their own rows, once."""
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+    metrics = Metrics()
+
+    async def main() -> None:
+        batcher = Batcher(max_batch_size=32, max_delay_s=0.2, max_queue_length=64,
+                          metrics=metrics, wait_always=True)  # fmt: skip
+        batcher.start()
+        answers: dict[int, list] = {i: [] for i in range(4)}
+        units = [
+            batcher.enqueue(
+                predictor,
+                "tiny",
+                pixels[2 * i : 2 * i + 2],
+                opts,
+                10.0,
+                lambda c, e, i=i: answers[i].append((c, e)),
+            )  # fmt: skip
+            for i in range(4)
+        ]
+        assert batcher.queued_rows == 8
+        batcher.cancel(units[1])
+        assert batcher.queued_rows == 6
+        await batcher.drain(5.0)
+        assert answers[1] == []
+        for i in (0, 2, 3):
+            [(columns, error)] = answers[i]
+            assert error is None
+            np.testing.assert_allclose(
+                columns.data, _alone(predictor, pixels[2 * i : 2 * i + 2], opts), atol=1e-5
+            )
+
+    asyncio.run(main())
+    assert metrics.batch_size.labels(model="tiny")._sum.get() == 6  # one batch, without unit 1
+
+
 def test_drain_computes_what_is_queued_then_refuses(
     predictor: Predictor, pixels: torch.Tensor
 ) -> None:
