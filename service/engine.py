@@ -222,7 +222,7 @@ class Engine:
         """
         from service.shm import Arena
 
-        outbox = Outbox(writer)
+        outbox = Outbox(writer, coalesce=True)
         inflight: dict[int, Any] = {}  # request id -> its batcher unit, until answered
         calls: set[asyncio.Task[None]] = set()
         arena: Arena | None = None

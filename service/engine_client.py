@@ -121,7 +121,7 @@ class EngineClient:
             except OSError:
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            outbox = Outbox(writer)
+            outbox = Outbox(writer, coalesce=False)
             outbox.put(("hello", 0, {"arena": self.arena.path, "size": self.arena.size}))
             self._outbox = outbox
             try:
@@ -223,8 +223,7 @@ class EngineClient:
         offset: int | None,
         after: Callable[[], None] | None = None,
     ) -> asyncio.Future[Any]:
-        """Queue a message for the engine (sent with this loop iteration's others, one frame);
-        ``after`` runs once it is written."""
+        """Write a message to the engine; ``after`` runs once it is written."""
         outbox = self._outbox
         if outbox is None:
             raise NotReady(
@@ -251,8 +250,7 @@ class EngineClient:
         )
         arrival = _ARRIVAL.get()
         try:
-            # The request stops counting once it is written, at the end of this loop iteration,
-            # together with every other request decoded in it.
+            # The request stops counting once it is written (no await in between).
             future = self._send(
                 "infer", request, region.offset, None if arrival is None else arrival.sent
             )

@@ -1,10 +1,9 @@
 """The control channel between front ends and the engine: framed pickles over a Unix socket.
 
 Each message is a tuple ``(kind, request_id, payload)``. Messages travel in frames: a pickled list
-of messages prefixed with its length (4 bytes, little endian). An :class:`Outbox` puts everything
-one side sends within one event-loop iteration into one frame — the requests a front end decoded
-in one tick, the answers of one batch to one front end — so under load the engine's event loop
-reads, unpickles and writes once per tick and front end, not once per request. Tensors never
+of messages prefixed with its length (4 bytes, little endian). The engine's :class:`Outbox` puts
+the answers of one batch to one front end into one frame, so its event loop pickles and writes
+once per batch and front end, not once per request. Tensors never
 travel here — only offsets into a shared arena (:mod:`service.shm`) and the packed score rows of
 each request (a few hundred bytes per image).
 
@@ -87,18 +86,23 @@ async def read_frame(reader: asyncio.StreamReader) -> list[Message]:
 
 
 class Outbox:
-    """Messages to one peer, sent as one frame at the end of the current event-loop iteration.
+    """Messages to one peer: written at once, or — ``coalesce=True`` — as one frame at the end of
+    the current event-loop iteration.
 
-    :meth:`put` only appends; the first put of an iteration schedules :meth:`flush` with
-    ``call_soon``, which runs after every callback already ready in this iteration — e.g. all the
-    answers of the batch that just finished, or every request decoded in this tick. Each message
-    may carry a callback run once it has been written (the front end's arrival count).
+    The engine coalesces: the answers of one batch to one front end leave as one frame, since they
+    are ready together. A front end writes each request at once: its loop decodes one request after
+    another, and holding the first until the last of a burst is decoded would keep the engine idle
+    meanwhile (measured: 877 → 653 req/s at 16 connections on the 2-core box, CPU half idle).
+    With ``coalesce``, the first :meth:`put` of an iteration schedules :meth:`flush` with
+    ``call_soon``. Each message may carry a callback run once it has been written (a front end's
+    arrival count).
     """
 
-    __slots__ = ("_writer", "_messages", "_after", "_scheduled")
+    __slots__ = ("_writer", "_coalesce", "_messages", "_after", "_scheduled")
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, *, coalesce: bool) -> None:
         self._writer = writer
+        self._coalesce = coalesce
         self._messages: list[Message] = []
         self._after: list[Callable[[], None]] = []
         self._scheduled = False
@@ -107,7 +111,9 @@ class Outbox:
         self._messages.append(message)
         if after is not None:
             self._after.append(after)
-        if not self._scheduled:
+        if not self._coalesce:
+            self.flush()
+        elif not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 

@@ -1,4 +1,4 @@
-"""The engine's control channel: frames of messages, one frame per event-loop iteration."""
+"""The engine's control channel: frames of messages; the engine's answers coalesce per iteration."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ async def _pair() -> tuple[asyncio.StreamReader, asyncio.StreamWriter, asyncio.S
 def test_what_is_put_in_one_loop_iteration_goes_as_one_frame_in_order() -> None:
     async def main() -> None:
         reader, writer, other = await _pair()
-        outbox = Outbox(writer)
+        outbox = Outbox(writer, coalesce=True)
         written: list[int] = []
         for i in range(5):
             outbox.put(("infer", i, {"n": i}), after=lambda i=i: written.append(i))
@@ -37,10 +37,29 @@ def test_what_is_put_in_one_loop_iteration_goes_as_one_frame_in_order() -> None:
     asyncio.run(main())
 
 
+def test_without_coalescing_each_message_is_written_at_once() -> None:
+    """A front end's requests: the engine gets each as soon as it is decoded, never held back for
+    the rest of a burst (that left the engine idle while the front end decoded)."""
+
+    async def main() -> None:
+        reader, writer, other = await _pair()
+        outbox = Outbox(writer, coalesce=False)
+        written: list[int] = []
+        outbox.put(("infer", 1, None), after=lambda: written.append(1))
+        assert written == [1]
+        outbox.put(("infer", 2, None))
+        assert await read_frame(reader) == [("infer", 1, None)]
+        assert await read_frame(reader) == [("infer", 2, None)]
+        outbox.close()
+        other.close()
+
+    asyncio.run(main())
+
+
 def test_close_sends_what_waits_and_a_closed_outbox_drops_but_runs_callbacks() -> None:
     async def main() -> None:
         reader, writer, other = await _pair()
-        outbox = Outbox(writer)
+        outbox = Outbox(writer, coalesce=True)
         outbox.put(("ok", 1, b"rows"))
         outbox.close()  # flushes first
         assert await read_frame(reader) == [("ok", 1, b"rows")]
