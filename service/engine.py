@@ -222,7 +222,7 @@ class Engine:
         """
         from service.shm import Arena
 
-        outbox = Outbox(writer, coalesce=True)
+        outbox = Outbox(writer)
         inflight: dict[int, Any] = {}  # request id -> its batcher unit, until answered
         calls: set[asyncio.Task[None]] = set()
         arena: Arena | None = None
@@ -287,10 +287,10 @@ class Engine:
             self._error(outbox, request_id, exc)
 
     @staticmethod
-    def _error(outbox: Outbox, request_id: int, exc: BaseException) -> None:
+    def _error(outbox: Outbox, request_id: int, exc: BaseException, what: str = "request") -> None:
         """Answer ``request_id`` with ``exc`` (logged unless it is a client's or a 4xx/5xx)."""
         if not isinstance(exc, ValueError) and type(exc).__module__ != "service.errors":
-            log.error("engine: request failed", exc_info=exc)
+            log.error("engine: %s failed", what, exc_info=exc)
         outbox.put(("error", request_id, RemoteError.of(exc)))
 
     async def _call(
@@ -300,9 +300,7 @@ class Engine:
             result = await self._dispatch(method, kwargs)
             outbox.put(("ok", request_id, result))
         except Exception as exc:  # noqa: BLE001
-            if type(exc).__module__ != "service.errors":
-                log.exception("engine: %s failed", method)
-            outbox.put(("error", request_id, RemoteError.of(exc)))
+            self._error(outbox, request_id, exc, method)
 
     async def _dispatch(self, method: str, kwargs: dict[str, Any]) -> Any:
         """Admin operations that exist once per server (front ends forward them here)."""

@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ import torch
 
 from models.serving import ScoreColumns, ScoreOptions
 from service.errors import NotReady, QueueFull
-from service.ipc import InferRequest, Outbox, RemoteError, read_frame
+from service.ipc import InferRequest, RemoteError, encode, read_frame
 from service.model_manager import ModelInfo
 from service.shm import HEADER, Allocator, Arena, nbytes_of
 
@@ -84,7 +84,7 @@ class EngineClient:
         # caught in a crash would make the engine hold every batch for max_queue_delay_ms.
         arena.arriving = 0
         self.model: ModelInfo | None = None
-        self._outbox: Outbox | None = None
+        self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, tuple[asyncio.Future[Any], int | None]] = {}
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
@@ -94,7 +94,7 @@ class EngineClient:
     @property
     def ready(self) -> bool:
         """Connected to an engine that has a model loaded."""
-        return self._outbox is not None and self.model is not None
+        return self._writer is not None and self.model is not None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._connect_loop())
@@ -110,8 +110,8 @@ class EngineClient:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._outbox is not None:
-            self._outbox.close()
+        if self._writer is not None:
+            self._writer.close()
 
     # ------------------------------------------------------------------ connection
     async def _connect_loop(self) -> None:
@@ -121,23 +121,24 @@ class EngineClient:
             except OSError:
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            outbox = Outbox(writer, coalesce=False)
-            outbox.put(("hello", 0, {"arena": self.arena.path, "size": self.arena.size}))
-            self._outbox = outbox
+            writer.write(
+                encode([("hello", 0, {"arena": self.arena.path, "size": self.arena.size})])
+            )
+            self._writer = writer
             try:
                 await self._read_loop(reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 pass
             finally:
                 self._lost()
-                outbox.close()
+                writer.close()
             await asyncio.sleep(RECONNECT_S)
 
     def _lost(self) -> None:
         """The engine went away: every waiting request gets a 503 now; regions are free again."""
         if self.model is not None and not self._closed:
             log.warning("lost the engine; answering %d waiting requests 503", len(self._pending))
-        self._outbox = None
+        self._writer = None
         self.model = None
         self._connected.clear()
         pending, self._pending = self._pending, {}
@@ -176,7 +177,7 @@ class EngineClient:
     def current_model(self) -> ModelInfo:
         """The served model, or 503 while the engine is (re)starting."""
         model = self.model
-        if model is None or self._outbox is None:
+        if model is None or self._writer is None:
             raise NotReady(
                 "the inference engine is starting; retry shortly", headers={"Retry-After": "1"}
             )
@@ -216,23 +217,18 @@ class EngineClient:
         """Free a region that was never handed to the engine (e.g. a decode error)."""
         self.allocator.free(region.offset)
 
-    def _send(
-        self,
-        kind: str,
-        payload: Any,
-        offset: int | None,
-        after: Callable[[], None] | None = None,
-    ) -> asyncio.Future[Any]:
-        """Write a message to the engine; ``after`` runs once it is written."""
-        outbox = self._outbox
-        if outbox is None:
+    def _send(self, kind: str, payload: Any, offset: int | None) -> asyncio.Future[Any]:
+        """Write a message to the engine at once, one frame (see :class:`service.ipc.Outbox` for
+        why front ends do not coalesce)."""
+        writer = self._writer
+        if writer is None:
             raise NotReady(
                 "the inference engine is restarting; retry", headers={"Retry-After": "1"}
             )
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (future, offset)
-        outbox.put((kind, request_id, payload), after)
+        writer.write(encode([(kind, request_id, payload)]))
         return future
 
     async def infer(
@@ -249,11 +245,10 @@ class EngineClient:
             timeout_s=timeout_s,
         )
         arrival = _ARRIVAL.get()
+        if arrival is not None:
+            arrival.sent()  # written just below, with no await in between
         try:
-            # The request stops counting once it is written (no await in between).
-            future = self._send(
-                "infer", request, region.offset, None if arrival is None else arrival.sent
-            )
+            future = self._send("infer", request, region.offset)
         except NotReady:
             self.release(region)
             raise

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,34 +85,25 @@ async def read_frame(reader: asyncio.StreamReader) -> list[Message]:
 
 
 class Outbox:
-    """Messages to one peer: written at once, or — ``coalesce=True`` — as one frame at the end of
-    the current event-loop iteration.
+    """The engine's messages to one front end, sent as one frame per event-loop iteration.
 
-    The engine coalesces: the answers of one batch to one front end leave as one frame, since they
-    are ready together. A front end writes each request at once: its loop decodes one request after
-    another, and holding the first until the last of a burst is decoded would keep the engine idle
-    meanwhile (measured: 877 → 653 req/s at 16 connections on the 2-core box, CPU half idle).
-    With ``coalesce``, the first :meth:`put` of an iteration schedules :meth:`flush` with
-    ``call_soon``. Each message may carry a callback run once it has been written (a front end's
-    arrival count).
+    :meth:`put` only appends; the first put of an iteration schedules :meth:`flush` with
+    ``call_soon``, which runs after the callbacks already ready — e.g. every answer of the batch
+    that just finished. Front ends do not coalesce their requests: a front end decodes one request
+    after another within one iteration, and holding the first until the last of a burst was
+    decoded kept the engine idle meanwhile (877 → 653 req/s at 16 connections on the 2-core box).
     """
 
-    __slots__ = ("_writer", "_coalesce", "_messages", "_after", "_scheduled")
+    __slots__ = ("_writer", "_messages", "_scheduled")
 
-    def __init__(self, writer: asyncio.StreamWriter, *, coalesce: bool) -> None:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
-        self._coalesce = coalesce
         self._messages: list[Message] = []
-        self._after: list[Callable[[], None]] = []
         self._scheduled = False
 
-    def put(self, message: Message, after: Callable[[], None] | None = None) -> None:
+    def put(self, message: Message) -> None:
         self._messages.append(message)
-        if after is not None:
-            self._after.append(after)
-        if not self._coalesce:
-            self.flush()
-        elif not self._scheduled:
+        if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
@@ -121,11 +111,8 @@ class Outbox:
         """Write what is waiting as one frame (dropped once the connection is closing)."""
         self._scheduled = False
         messages, self._messages = self._messages, []
-        after, self._after = self._after, []
         if messages and not self._writer.is_closing():
             self._writer.write(encode(messages))
-        for callback in after:
-            callback()
 
     def close(self) -> None:
         """Write what is waiting, then close the connection."""

@@ -31,9 +31,11 @@ def pixels(mnist: tuple[np.ndarray, np.ndarray]) -> torch.Tensor:
 
 
 def _batcher(**kw: object) -> Batcher:
+    """A batch of up to 32 images, a queue of 64, ``batch_wait=always``; ``kw`` overrides."""
     opts: dict = dict(max_batch_size=32, max_delay_s=0.05, max_queue_length=64, wait_always=True)
     opts.update(kw)
-    return Batcher(metrics=Metrics(), **opts)
+    opts.setdefault("metrics", Metrics())
+    return Batcher(**opts)
 
 
 def _alone(predictor: Predictor, x: torch.Tensor, options: ScoreOptions) -> np.ndarray:
@@ -48,8 +50,7 @@ def test_requests_with_different_options_share_a_batch_and_get_their_own_rows(
     metrics = Metrics()
 
     async def main() -> list:
-        batcher = Batcher(max_batch_size=32, max_delay_s=0.2, max_queue_length=64,
-                          metrics=metrics, wait_always=True)  # fmt: skip
+        batcher = _batcher(max_delay_s=0.2, metrics=metrics)
         batcher.start()
         jobs = [
             batcher.submit(predictor, "tiny", pixels[i : i + 2], a if i % 4 == 0 else b, 10.0)
@@ -97,8 +98,7 @@ def test_deadline_passes_while_queued_never_computed(
     metrics = Metrics()
 
     async def main() -> None:
-        batcher = Batcher(max_batch_size=32, max_delay_s=0.5, max_queue_length=64,
-                          metrics=metrics, wait_always=True)  # fmt: skip
+        batcher = _batcher(max_delay_s=0.5, metrics=metrics)
         batcher.start()
         with pytest.raises(DeadlineExceeded):
             await batcher.submit(predictor, "tiny", pixels[:1], opts, 0.05)
@@ -120,8 +120,7 @@ def test_a_batch_never_mixes_models(tiny_model: Path, pixels: torch.Tensor) -> N
     metrics = Metrics()
 
     async def main() -> list:
-        batcher = Batcher(max_batch_size=32, max_delay_s=0.1, max_queue_length=64,
-                          metrics=metrics, wait_always=True)  # fmt: skip
+        batcher = _batcher(max_delay_s=0.1, metrics=metrics)
         batcher.start()
         out = await asyncio.gather(
             batcher.submit(old, "tiny", pixels[:3], opts, 10.0),
@@ -162,8 +161,7 @@ def test_enqueue_answers_each_request_once_and_a_cancelled_one_never(
     metrics = Metrics()
 
     async def main() -> None:
-        batcher = Batcher(max_batch_size=32, max_delay_s=0.2, max_queue_length=64,
-                          metrics=metrics, wait_always=True)  # fmt: skip
+        batcher = _batcher(max_delay_s=0.2, metrics=metrics)
         batcher.start()
         answers: dict[int, list] = {i: [] for i in range(4)}
         units = [
@@ -277,8 +275,7 @@ def _lone_request_seconds(batcher: Batcher, predictor: Predictor, pixels: torch.
 def test_adaptive_runs_a_lone_request_at_once(predictor: Predictor, pixels: torch.Tensor) -> None:
     """Nothing on its way from a front end: no wait, whatever ``max_delay_s`` is."""
     metrics = Metrics()
-    batcher = Batcher(max_batch_size=32, max_delay_s=5.0, max_queue_length=64,
-                      metrics=metrics, arriving=lambda: 0)  # fmt: skip
+    batcher = _batcher(max_delay_s=5.0, metrics=metrics, wait_always=False, arriving=lambda: 0)
     assert _lone_request_seconds(batcher, predictor, pixels) < 2.5  # never held for the 5 s window
     assert metrics.batch_size.labels(model="tiny")._sum.get() == 1
 
@@ -292,8 +289,9 @@ def test_adaptive_holds_the_batch_for_a_request_on_its_way(
     arriving = [1]
 
     async def main() -> list:
-        batcher = Batcher(max_batch_size=32, max_delay_s=5.0, max_queue_length=64,
-                          metrics=metrics, arriving=lambda: arriving[0])  # fmt: skip
+        batcher = _batcher(
+            max_delay_s=5.0, metrics=metrics, wait_always=False, arriving=lambda: arriving[0]
+        )
         batcher.start()
         first = asyncio.create_task(batcher.submit(predictor, "tiny", pixels[:1], opts, 10.0))
         await asyncio.sleep(0.2)
@@ -317,6 +315,5 @@ def test_adaptive_waits_at_most_max_delay_for_what_never_comes(
 ) -> None:
     """A request reported on its way but never sent (its decode failed) delays the batch by
     ``max_delay_s`` at most."""
-    batcher = Batcher(max_batch_size=32, max_delay_s=0.3, max_queue_length=64,
-                      metrics=Metrics(), arriving=lambda: 1)  # fmt: skip
+    batcher = _batcher(max_delay_s=0.3, wait_always=False, arriving=lambda: 1)
     assert 0.29 <= _lone_request_seconds(batcher, predictor, pixels) < 5.0
