@@ -20,20 +20,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-
 from benchmarks.profile_serve import thread_cpu
-from benchmarks.serving import BOUNDARY, REPO, _pngs, multipart, targets, wrk
+from benchmarks.serving import BOUNDARY, REPO, _pngs, batch_totals, multipart, targets, wrk
 
 
 def mean_batch(url: str) -> float:
     """Mean images per forward pass so far, from the server's ``vge_batch_size`` histogram."""
-    total = count = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("vge_batch_size_sum"):
-            total += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vge_batch_size_count"):
-            count += float(line.rsplit(" ", 1)[1])
+    total, count = batch_totals(url)
     return total / count if count else float("nan")
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared run for a lent GPU host: the GPU tests, the served-decision kernels, where vge's CPU
 # goes, and vge serve on CUDA beside LitServe scaled out and beside the same host's CPU. Aimed at
-# under 5 minutes; the last timed run (before 4 test workers and 3 s levels) took 6 min 24 s.
+# under 5 minutes; on an H100 host (2026-11-26) everything but the decision step took 6 min 32 s,
+# of which the tests 2 min.
 # Results go to stdout and docs/benchmarks.md (a copy and the log to $OUT when it is set).
 #   bash benchmarks/gpu.sh
 # Offline hosts: `bash benchmarks/gpu_wheels.sh` here puts wheels of what the host's python3 lacks
@@ -12,6 +13,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vge-gpu}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu.log") 2>&1
+# GPU_STEPS picks steps (default all): tests decision serving profile cpu, e.g.
+#   GPU_STEPS="tests serving" GPU_TESTS=tests/gpu bash benchmarks/gpu.sh
+STEPS=" ${GPU_STEPS:-tests decision serving profile cpu} "
+want() { [[ $STEPS == *" $1 "* ]]; }
 step() { echo; echo "=== $* ($(date +%T))"; }
 save() { cp docs/benchmarks.md "$OUT/benchmarks.md"; }
 if [ -d .whl ]; then
@@ -30,21 +35,32 @@ step environment
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc
 $PY -c "import torch, torchvision, fastapi, uvicorn, litserve, service.app; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available(), 'torchvision', torchvision.__version__)"
+want tests && {
 step GPU tests
 xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 4")
-timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:logging $xdist tests/gpu \
-  tests/models/test_serving.py tests/models/test_predictor.py
+# GPU_TESTS narrows the tests (default: the GPU tests and the models' serving and predictor tests)
+timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:logging $xdist \
+  ${GPU_TESTS:-tests/gpu tests/models/test_serving.py tests/models/test_predictor.py}
+}
+want decision && {
 step served decision kernels
 timeout 60 $PY -m benchmarks.decision --device cuda --compile; save
+}
+want serving && {
 step "vge on CUDA beside LitServe scaled out (2 workers, 8 API servers)"
-timeout 170 $PY -m benchmarks.serving --targets vge litserve-scaled --vge-device cuda \
+timeout 230 $PY -m benchmarks.serving --targets vge litserve-scaled --vge-device cuda \
   --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
   --duration 3 --section "GPU host"; save
+}
+want profile && {
 step "where vge's CPU goes on CUDA at c=256 (py-spy)"
 command -v py-spy >/dev/null &&
   timeout 75 $PY -m benchmarks.profile_serve --device cuda --conc 256 --seconds 4
+}
+want cpu && {
 step "vge on the same host's CPU"
 timeout 80 $PY -m benchmarks.serving --targets vge --vge-device cpu --wrk-threads 4 \
   --levels 64 256 --batch-levels 16 --rounds 1 --duration 3 --section "GPU host, vge on its CPU"
 save
+}
 step done

@@ -16,7 +16,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   "${platforms[@]}" -d .whl \
   fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv python-multipart \
   uvicorn httptools annotated-types typing-inspection typing-extensions annotated-doc \
-  opentelemetry-api litserve pyzmq py-spy
+  opentelemetry-api litserve pyzmq py-spy pytest-xdist execnet
 cp "$(command -v wrk)" .whl/bin/
 cp -L "$(ldd "$(command -v wrk)" | awk '/libluajit/ {print $3}')" .whl/lib/
 du -sh .whl

@@ -238,9 +238,23 @@ def run_lua(url: str, lua: Path, conc: int, duration: float) -> dict:
             "socket": errors.group(0) if errors else ""}  # fmt: skip
 
 
+def batch_totals(url: str) -> tuple[float, float]:
+    """The server's ``vge_batch_size`` histogram so far: (images, forward passes)."""
+    total = count = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("vge_batch_size_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vge_batch_size_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
 def connection_spread(t: Target, conc: int, into: dict[str, dict[str, float]]) -> None:
     """Established connections per process of ``t`` (``ss``), sampled during a run at ``conc``
     connections: whether the kernel spreads them over every front end."""
+    if shutil.which("ss") is None:
+        print("  (no `ss` here: connections per front end not sampled)", flush=True)
+        return
     out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{t.port} )"],
                          capture_output=True, text=True, timeout=10).stdout  # fmt: skip
     counts: dict[str, float] = {}
@@ -427,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[str, int, int], list[dict]] = {}
     memory: dict[str, float] = {}
     breakdown: dict[str, dict[str, float]] = {}
+    batches: dict[tuple[str, int, int], list[float]] = {}
     try:
         # Rounds interleave the targets; within a round one server runs at a time (peers that
         # poll while idle would otherwise take CPU from the one being measured on 2 cores).
@@ -452,15 +467,24 @@ def main(argv: list[str] | None = None) -> int:
                                     args.duration / 2, connection_spread, (t, conc, breakdown)
                                 )
                                 spread.start()  # fmt: skip
+                            is_vge = t.name.partition(":")[0] == "vge"
+                            before = batch_totals(t.url) if is_vge else (0.0, 0.0)
                             res = wrk(t.url + t.path, body, ctype, extra, conc, args.duration)
                             if spread is not None:
                                 spread.join()
+                            batch = ""
+                            if is_vge:  # images per forward pass during this level
+                                after = batch_totals(t.url)
+                                passes = after[1] - before[1]
+                                mean = (after[0] - before[0]) / passes if passes else 0.0
+                                batches.setdefault((t.name, images, conc), []).append(mean)
+                                batch = f", mean batch {mean:.1f}"
                             results.setdefault((t.name, images, conc), []).append(res)
                             print(f"round {r + 1} {t.name:16s} images={images:2d} c={conc:3d} "
                                   f"{res['rps']:8.1f} req/s p50 {res['p50']:.1f} ms "
                                   f"p99 {res['p99']:.1f} ms errors {res['errors']} "
-                                  f"(non-2xx {res['non2xx']}; {res['socket'] or 'no socket errors'})",
-                                  flush=True)  # fmt: skip
+                                  f"(non-2xx {res['non2xx']}; {res['socket'] or 'no socket errors'})"
+                                  f"{batch}", flush=True)  # fmt: skip
                             if res["errors"] and not diagnosed:
                                 diagnose(t)
                                 diagnosed = True
@@ -502,6 +526,20 @@ def main(argv: list[str] | None = None) -> int:
                 "",
             ]
             if "connections" in breakdown
+            else []
+        ),
+        *(
+            [
+                "vge's mean batch (images per forward pass, from its `vge_batch_size` histogram), "
+                "median over rounds: "
+                + ", ".join(
+                    f"{name} {images}×c={conc}: {statistics.median(v):.1f}"
+                    for (name, images, conc), v in batches.items()
+                )
+                + ".",
+                "",
+            ]
+            if batches
             else []
         ),
         "| images/request | connections | server | req/s median (min–max) | images/s | p50 ms | "

@@ -70,7 +70,7 @@ class _Unit:
 
     predictor: Any
     model: str
-    x: torch.Tensor  # (n, Cin, H, W) uint8 pixels or float32 prepared input
+    x: torch.Tensor | np.ndarray  # (n, Cin, H, W) uint8 pixels or float32 prepared input
     options: ScoreOptions
     timeout_s: float
     enqueued: float
@@ -195,12 +195,12 @@ class Batcher:
         self,
         predictor: Any,
         model: str,
-        x: torch.Tensor,
+        x: torch.Tensor | np.ndarray,
         options: ScoreOptions,
         timeout_s: float,
         answer: Answer,
     ) -> _Unit:
-        """Queue ``x`` (n, Cin, H, W) for ``predictor``; ``answer`` gets its rows' packed score
+        """Queue ``x`` (n, Cin, H, W), a tensor or a numpy array, for ``predictor``; ``answer`` gets its rows' packed score
         columns, or :class:`DeadlineExceeded` (504) if its deadline passes while it is queued.
 
         Raises :class:`QueueFull` (503) at once when the request does not fit. No task or future
@@ -358,7 +358,9 @@ class Batcher:
         Returns each unit's ``(ok, rows or error)`` and every option group's scored columns.
         """
         predictor = batch[0].predictor
-        out = predictor.run([u.x for u in batch])  # EnsembleOutput (B, M, C) on the device
+        # The engine queues numpy views of shared memory (no torch call on its event loop).
+        parts = [torch.from_numpy(u.x) if isinstance(u.x, np.ndarray) else u.x for u in batch]
+        out = predictor.run(parts)  # EnsembleOutput (B, M, C) on the device
         groups: dict[ScoreOptions, list[tuple[int, int, int]]] = {}
         start = 0
         for n, unit in enumerate(batch):

@@ -18,7 +18,7 @@ import numpy as np
 
 from models.evaluation.drift import DRIFT_SCORES, bin_fractions, psi
 from models.serving import ScoreColumns
-from service.metrics import Metrics
+from service.metrics import Metrics, inc_many, observe_many
 
 #: Images in the sliding window; with fewer, drift is not exported yet (too noisy to alert on).
 WINDOW = 2000
@@ -58,10 +58,8 @@ class UncertaintyMonitor:
         """Record a batch's answers; refresh the window gauges at most once per second."""
         vgmu, eu, tu = columns.column("vgmu"), columns.column("eu"), columns.column("tu")
         for hist, values in zip(self._hists, (vgmu, eu, tu), strict=True):
-            for v in values.tolist():
-                hist.observe(v)
-        for label in columns.column("prediction").tolist():
-            self._classes[label].inc()
+            observe_many(hist, values)  # one increment per bucket, not per image
+        inc_many(self._classes, columns.column("prediction"))
         rows = np.stack((vgmu, eu, columns.column("abstain")), axis=1)[-len(self._values) :]
         w = len(self._values)
         self._values[(self._next + np.arange(len(rows))) % w] = rows  # ring buffer, vectorised

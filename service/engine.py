@@ -49,7 +49,7 @@ class Engine:
         )
         self.models = ModelManager(settings, self.metrics, history)
         self.batcher = Batcher(
-            max_batch_size=settings.max_batch_size,
+            max_batch_size=settings.resolved_max_batch_size(),
             max_delay_s=settings.max_queue_delay_s,
             max_queue_length=settings.max_queue_length,
             metrics=self.metrics,
@@ -95,7 +95,7 @@ class Engine:
         s = self.settings
         print(
             f"vge serve: engine: model {current.info.name} {current.info.version} on "
-            f"{current.info.description['device']} (max batch {s.max_batch_size}, max delay "
+            f"{current.info.description['device']} (max batch {s.resolved_max_batch_size()}, max delay "
             f"{s.max_queue_delay_ms:g} ms, queue {s.max_queue_length})",
             file=sys.stderr,
             flush=True,
@@ -266,7 +266,6 @@ class Engine:
         req: InferRequest,
     ) -> None:  # fmt: skip
         """Queue one scoring request; its answer goes into ``outbox`` (a 4xx/5xx as data)."""
-        import torch
 
         def answer(columns: Any, error: BaseException | None) -> None:
             inflight.pop(request_id, None)
@@ -279,7 +278,7 @@ class Engine:
             if req.dtype not in _DTYPES:
                 raise ValueError(f"unsupported input dtype {req.dtype!r}")
             predictor = self.models.predictor_for(req.generation)
-            x = arena.view(req.offset, getattr(torch, req.dtype), tuple(req.shape))
+            x = arena.array(req.offset, req.dtype, tuple(req.shape))  # numpy: no torch op here
             inflight[request_id] = self.batcher.enqueue(
                 predictor, predictor.card.name, x, req.options, req.timeout_s, answer
             )

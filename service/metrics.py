@@ -12,7 +12,9 @@ keeps its own registry. Latency histograms use :data:`LATENCY_BUCKETS`, which re
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import numpy as np
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -50,6 +52,38 @@ JOB_STATES: tuple[str, ...] = (
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def observe_many(histogram: Any, values: np.ndarray) -> None:
+    """Observe every value of ``values`` on one labelled histogram child, with one increment per
+    bucket that received values instead of two per value.
+
+    The same samples as ``for v in values: histogram.observe(v)`` (each value counts in the first
+    bucket whose upper bound is ``>= v``; :func:`numpy.searchsorted` with ``side="left"`` finds
+    it). In multiprocess mode every increment is a locked write to a mapped file (~1 µs), and the
+    engine observes three uncertainty histograms for every image it answers. Reaches into
+    prometheus-client's ``_sum``/``_buckets``/``_upper_bounds``; without them (another version)
+    it observes value by value.
+    """
+    try:
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+    except AttributeError:
+        for v in values.tolist():
+            histogram.observe(v)
+        return
+    if values.size == 0:
+        return
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
+    total.inc(float(values.sum()))
+    for i in np.flatnonzero(counts[: len(bounds)]).tolist():
+        buckets[i].inc(int(counts[i]))
+
+
+def inc_many(counters: list[Any], indices: np.ndarray) -> None:
+    """``counters[i].inc()`` for every ``i`` in ``indices``, as one increment per distinct index."""
+    counts = np.bincount(indices, minlength=len(counters))
+    for i in np.flatnonzero(counts).tolist():
+        counters[i].inc(int(counts[i]))
 
 
 class Metrics:

@@ -268,7 +268,7 @@ class ModelManager:
                 self.settings.resolved_device(),
                 self._generation + 1,
                 self.settings.resolved_compile(),
-                self.settings.max_batch_size,
+                self.settings.resolved_max_batch_size(),
             )
             self._generation += 1
             self.metrics.model_load.labels(model=loaded.info.name).observe(time.perf_counter() - t0)

@@ -51,7 +51,11 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto (GPU when present), cpu, cuda, cuda:N or mps.")
 
     # --- batching ----------------------------------------------------------------------------
-    max_batch_size: Annotated[int, Field(ge=1, le=4096)] = 32
+    max_batch_size: Annotated[int, Field(ge=0, le=4096)] = Field(
+        0,
+        description="Images per forward pass; 0: auto (32 on a CPU, 256 on a GPU). Batches are "
+        "only as large as the queue holds, so a larger bound adds no latency at low load.",
+    )
     max_queue_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = 5.0
     batch_wait: Literal["adaptive", "always"] = Field(
         "adaptive",
@@ -283,6 +287,20 @@ class Settings(BaseSettings):
         if self.compile == "auto":
             return self.resolved_device().startswith("cuda")
         return self.compile == "on"
+
+    def resolved_max_batch_size(self) -> int:
+        """Images per forward pass: ``max_batch_size``, else 32 on a CPU and 256 on a GPU.
+
+        On a CPU the forward pass costs about the same per image from a batch of 16 up
+        (docs/benchmarks.md, "Forward pass on CPU"), and a larger batch only delays its first
+        answers. On a GPU a batch costs mostly its fixed part: the compute thread's Python per
+        batch (guards, launches, the copy back) and the launches themselves. On an H100 host at
+        c=256, batches of 32 spent ~88 µs of the compute thread's CPU per request, and the engine
+        process, event loop and compute thread sharing one GIL, was the ceiling (~5,000 req/s).
+        """
+        if self.max_batch_size:
+            return self.max_batch_size
+        return 256 if self.resolved_device().startswith("cuda") else 32
 
     def resolved_torch_threads(self) -> int:
         """Intra-op threads of the engine: ``torch_threads``, else half the cores on a CPU, 1 on a

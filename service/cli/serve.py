@@ -22,7 +22,11 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("workers", int, "HTTP front-end processes, 0 = one per CPU but one (VGE_WORKERS; default 0)"),
     ("compile", str, "auto, on, off: torch.compile the engine (VGE_COMPILE; auto = on CUDA)"),
     ("shm_mb_per_worker", int, "shared-memory arena per front end, MiB (VGE_SHM_MB_PER_WORKER)"),
-    ("max_batch_size", int, "images per forward pass (VGE_MAX_BATCH_SIZE; default 32)"),
+    (
+        "max_batch_size",
+        int,
+        "images per forward pass, 0 = 32 on CPU, 256 on GPU (VGE_MAX_BATCH_SIZE)",
+    ),
     ("max_queue_delay_ms", float, "max wait to fill a batch (VGE_MAX_QUEUE_DELAY_MS; default 5)"),
     ("batch_wait", str, "adaptive or always (VGE_BATCH_WAIT; default adaptive)"),
     ("max_queue_length", int, "queued images before 503 (VGE_MAX_QUEUE_LENGTH; default 512)"),

@@ -48,6 +48,34 @@ def test_arena_views_share_memory_across_mappings(tmp_path: Path) -> None:
     reader.close()
 
 
+def test_engine_arrays_read_what_the_front_end_wrote_without_a_copy(tmp_path: Path) -> None:
+    """The engine reads requests as numpy arrays over the mapping (no torch call on its event
+    loop); ``torch.from_numpy`` of one is the front end's tensor, sharing its memory."""
+    import numpy as np
+    import pytest
+
+    path = tmp_path / "a.arena"
+    create_arena_file(path, 1 << 16)
+    writer, reader = Arena(path, 1 << 16), Arena(path, 1 << 16)
+    x = torch.arange(2 * 1 * 4 * 4, dtype=torch.uint8).view(2, 1, 4, 4)
+    writer.view(192, torch.uint8, (2, 1, 4, 4)).copy_(x)
+    arr = reader.array(192, "uint8", (2, 1, 4, 4))
+    assert arr.dtype == np.uint8 and arr.shape == (2, 1, 4, 4)
+    assert torch.equal(torch.from_numpy(arr), x)
+    writer.view(192, torch.uint8, (1,)).fill_(255)  # a later write shows through: no copy
+    assert int(torch.from_numpy(arr)[0, 0, 0, 0]) == 255
+    f = reader.array(256, "float32", (3,))
+    writer.view(256, torch.float32, (3,)).copy_(torch.tensor([0.5, 1.5, -2.0]))
+    assert f.tolist() == [0.5, 1.5, -2.0]
+    with pytest.raises(ValueError, match="outside the arena"):
+        reader.array((1 << 16) - 8, "float32", (4,))
+    with pytest.raises(ValueError, match="outside the arena"):
+        reader.array(-64, "uint8", (1,))
+    del arr, f
+    writer.close()
+    reader.close()
+
+
 def test_a_closed_arena_stays_readable_through_live_views(tmp_path: Path) -> None:
     """The engine closes a departed front end's arena while a batch may still read views of it:
     the mapping must outlive ``close`` until the last view is gone (an unmapped read is a crash)."""
