@@ -48,7 +48,7 @@ timeout 60 $PY -m benchmarks.decision --device cuda --compile; save
 }
 want serving && {
 step "vge on CUDA beside LitServe scaled out (2 workers, 8 API servers)"
-timeout 230 $PY -m benchmarks.serving --targets vge litserve-scaled --vge-device cuda \
+timeout 270 $PY -m benchmarks.serving --targets vge vge-overlap litserve-scaled --vge-device cuda \
   --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
   --duration 3 --section "GPU host"; save
 }

@@ -11,6 +11,7 @@ score of 64-image batches in one process, no HTTP.
     python -m benchmarks.serving --targets vge litserve --rounds 1 --duration 2
     python -m benchmarks.serving --targets vge:lenet5-lle-vgn-mnist pytriton:lenet5-lle-vgn-mnist
                                       # <server>:<model>: any zoo model behind any server
+    python -m benchmarks.serving --targets vge vge-overlap   # VGE_BATCHES_IN_FLIGHT 1 vs 2
 
 Peers are benchmark-only (never runtime dependencies): LitServe from PyPI in this venv
 (``pip install litserve``); PyTriton 0.7 in its own Python 3.11 venv with ``numpy<2``, given by
@@ -154,6 +155,8 @@ def targets(
         if name == "vge-lenet5":  # the paper's LeNet-5, for the model's share of the cost
             server, model = "vge", "lenet5-lle-vgn-mnist"
         model_env = {"VGE_MODEL_DIR": model} if model else {}
+        if server == "vge-overlap":  # vge with two batches computing at once
+            server, model_env = "vge", {**model_env, "VGE_BATCHES_IN_FLIGHT": "2"}
         if server == "vge":
             env = {**base, "VGE_HOST": "127.0.0.1", "VGE_PORT": str(port), "VGE_DEVICE": vge_device,
                    "VGE_LOG_LEVEL": "warning", "VGE_JOBS_DB_URL": f"sqlite:///{workdir}/jobs.db",
@@ -467,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                                     args.duration / 2, connection_spread, (t, conc, breakdown)
                                 )
                                 spread.start()  # fmt: skip
-                            is_vge = t.name.partition(":")[0] == "vge"
+                            is_vge = t.name.partition(":")[0].startswith("vge")
                             before = batch_totals(t.url) if is_vge else (0.0, 0.0)
                             res = wrk(t.url + t.path, body, ctype, extra, conc, args.duration)
                             if spread is not None:

@@ -11,6 +11,8 @@ never otherwise: a lone request runs at once, and under load the forward pass ge
 batches it runs most efficiently (on a CPU shared with the front ends, a batch of one costs twice
 the CPU per image of a batch of eight). With ``batch_wait="always"`` the loop waits up to
 ``max_delay_s`` for a fuller batch whatever is arriving (Triton's ``max_queue_delay``).
+``in_flight`` batches compute at once (default 1: the next batch is taken when one finishes). With
+2 on a GPU, one compute thread launches a batch while the other waits for its copy back.
 
 Guarantees (each tested in tests/service/test_batcher.py):
 
@@ -112,7 +114,10 @@ class Batcher:
         wait_always: bool = False,
         arriving: Callable[[], int] | None = None,
         on_scored: Callable[[Any, ScoreColumns], None] | None = None,
+        in_flight: int = 1,
     ) -> None:
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, got {in_flight}")
         self.max_batch_size = max_batch_size
         # Requests the front ends are about to send (adaptive waiting); none known: never wait.
         self.arriving = arriving or (lambda: 0)
@@ -131,7 +136,11 @@ class Batcher:
         self._closing = False
         self._hurry = False  # shutting down: stop waiting for fuller batches
         self._task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vge-compute")
+        # One compute thread per batch in flight; a batch is taken only when a slot is free, so
+        # with one slot the next batch fills while this one computes.
+        self._slots = asyncio.Semaphore(in_flight)
+        self._running: set[asyncio.Task[None]] = set()
+        self._executor = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="vge-compute")
         self._batch_s = 0.01  # running estimate of one batch's compute time (for Retry-After)
         self._gauges: dict[str, Any] = {}
 
@@ -322,12 +331,23 @@ class Batcher:
         return batch
 
     async def _loop(self) -> None:
+        try:
+            await self._batches()
+        finally:
+            if self._running:  # drained, or cancelled: batches already computing still answer
+                await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _batches(self) -> None:
         while True:
             if not self._pending:
                 if self._closing:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
+                continue
+            if self._slots.locked():  # every slot computes: wait for one (the queue fills)
+                async with self._slots:
+                    pass
                 continue
             first = self._pending[0]
             flush_at = first.enqueued + self.max_delay_s
@@ -349,7 +369,14 @@ class Batcher:
                 continue
             batch = self._take(first.predictor)
             if batch:
-                await self._run(batch)
+                await self._slots.acquire()
+                task = asyncio.get_running_loop().create_task(self._run(batch))
+                self._running.add(task)
+                task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._slots.release()
 
     @staticmethod
     def _compute(batch: list[_Unit]) -> tuple[list[tuple[bool, Any]], list[ScoreColumns]]:

@@ -56,6 +56,7 @@ class Engine:
             wait_always=settings.batch_wait == "always",
             arriving=self._arriving,
             on_scored=self._observe,
+            in_flight=settings.batches_in_flight,
         )
         self.jobs = JobManager(settings, self.metrics)
         self.reviews = None

@@ -57,6 +57,13 @@ class Settings(BaseSettings):
         "only as large as the queue holds, so a larger bound adds no latency at low load.",
     )
     max_queue_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = 5.0
+    batches_in_flight: Annotated[int, Field(ge=1, le=8)] = Field(
+        1,
+        description="Batches the engine computes at once, each on its own thread. 1: the next "
+        "batch fills while one computes. 2 lets a GPU compute one batch while the engine launches "
+        "the next or copies one back (not yet measured on a GPU host: benchmarks/gpu.sh compares "
+        "it); on a CPU the batches would share the same cores.",
+    )
     batch_wait: Literal["adaptive", "always"] = Field(
         "adaptive",
         description="adaptive: hold a batch up to max_queue_delay_ms only while a front end is "

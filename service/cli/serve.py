@@ -27,6 +27,7 @@ _FLAGS: list[tuple[str, type, str]] = [
         int,
         "images per forward pass, 0 = 32 on CPU, 256 on GPU (VGE_MAX_BATCH_SIZE)",
     ),
+    ("batches_in_flight", int, "batches computed at once (VGE_BATCHES_IN_FLIGHT; default 1)"),
     ("max_queue_delay_ms", float, "max wait to fill a batch (VGE_MAX_QUEUE_DELAY_MS; default 5)"),
     ("batch_wait", str, "adaptive or always (VGE_BATCH_WAIT; default adaptive)"),
     ("max_queue_length", int, "queued images before 503 (VGE_MAX_QUEUE_LENGTH; default 512)"),

@@ -177,7 +177,9 @@ def library(tiny_model: Path) -> Callable[..., list[dict[str, object]]]:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
-    """The main test server: batching on (max batch 32, 20 ms), API key, small payload limits.
+    """The main test server: batching on (max batch 32, 20 ms, two batches in flight), API key,
+    small payload limits. Every end-to-end test on it runs through two compute threads; the
+    servers of the lifecycle and process tests keep the default of one.
 
     Serves ``models_root/tiny-v1`` (version 1.0.0); ``tiny-v2`` (2.0.0) is there for promotion.
     """
@@ -186,7 +188,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterat
     copy_model(tiny_model, work / "models" / "tiny-v2", "2.0.0")
     srv = start_server(
         work, v1,
-        max_batch_size=32, max_queue_delay_ms=20, max_queue_length=512, api_key=API_KEY,
+        max_batch_size=32, max_queue_delay_ms=20, max_queue_length=512, batches_in_flight=2,
+        api_key=API_KEY,
         max_images=16, max_image_bytes=20_000, max_payload_bytes=400_000,
         max_image_pixels=512 * 512,
     )  # fmt: skip

@@ -317,3 +317,57 @@ def test_adaptive_waits_at_most_max_delay_for_what_never_comes(
     ``max_delay_s`` at most."""
     batcher = _batcher(max_delay_s=0.3, wait_always=False, arriving=lambda: 1)
     assert 0.29 <= _lone_request_seconds(batcher, predictor, pixels) < 5.0
+
+
+class _Overlapping:
+    """A real predictor whose forward pass waits until ``parties`` batches are inside it at once:
+    a batch reaches the model only if that many batches compute concurrently."""
+
+    def __init__(self, predictor: Predictor, parties: int) -> None:
+        import threading
+
+        self._predictor = predictor
+        self.card = predictor.card
+        self.barrier = threading.Barrier(parties, timeout=10)
+
+    def run(self, parts: list[torch.Tensor]):  # noqa: ANN201 - EnsembleOutput
+        self.barrier.wait()
+        return self._predictor.run(parts)
+
+    def score_columns(self, out, options):  # noqa: ANN001, ANN201
+        return self._predictor.score_columns(out, options)
+
+
+def test_two_batches_in_flight_compute_at_once_and_answer_their_own_rows(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    """``in_flight=2``: the second batch is taken while the first computes (the barrier in the
+    forward pass lets neither through alone), each request gets its own rows, and drain waits for
+    both."""
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=2)
+    gated = _Overlapping(predictor, parties=2)
+    metrics = Metrics()
+
+    async def main() -> list:
+        batcher = _batcher(max_batch_size=2, wait_always=False, metrics=metrics, in_flight=2)
+        batcher.start()
+        answers = [
+            asyncio.create_task(batcher.submit(gated, "tiny", pixels[i : i + 1], opts, 20.0))
+            for i in range(4)
+        ]
+        out = await asyncio.gather(*answers)
+        await batcher.drain(5.0)
+        return out
+
+    out = asyncio.run(main())
+    for i, columns in enumerate(out):
+        np.testing.assert_allclose(
+            columns.data, _alone(predictor, pixels[i : i + 1], opts), rtol=1e-5, atol=1e-6
+        )
+    assert metrics.batch_size.labels(model="tiny")._sum.get() == 4
+    assert not gated.barrier.broken
+
+
+def test_in_flight_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="in_flight must be at least 1"):
+        _batcher(in_flight=0)
