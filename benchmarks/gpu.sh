@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared run for a lent GPU host: the GPU tests, the served-decision kernels, where vge's CPU
-# goes, and vge serve on CUDA beside LitServe scaled out and beside the same host's CPU. Aimed at
-# under 5 minutes; on an H100 host (2026-11-26) everything but the decision step took 6 min 32 s,
-# of which the tests 2 min.
+# goes, and vge serve on CUDA (one and two batches in flight) beside LitServe scaled out and beside
+# the same host's CPU. On an H100 host (2026-11-26) everything but the decision step and the
+# vge-overlap target took 6 min 32 s (the tests 2 min): narrow it with GPU_STEPS and GPU_TESTS.
 # Results go to stdout and docs/benchmarks.md (a copy and the log to $OUT when it is set).
 #   bash benchmarks/gpu.sh
 # Offline hosts: `bash benchmarks/gpu_wheels.sh` here puts wheels of what the host's python3 lacks

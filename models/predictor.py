@@ -18,6 +18,8 @@ prediction, label, probabilities, VGMU/SNR, abstain and TU/AU/EU all come from t
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,13 @@ def bucket_sizes(max_batch: int) -> tuple[int, ...]:
 
 
 class Predictor:
-    """A loaded, verified model plus its card; safe to call from several threads for inference."""
+    """A loaded, verified model plus its card; safe to call from several threads for inference.
+
+    Compiled (:meth:`compile`), calls into the compiled forward pass and decision take turns: code
+    from ``torch.compile`` is not thread-safe (a guard miss would recompile on two threads at once).
+    The copy of the decision back to the host is outside that turn, so with two serving threads
+    one launches its batch while the other waits for its copy.
+    """
 
     def __init__(self, module: nn.Module, card: ModelCard, device: torch.device) -> None:
         self.module = module.eval()
@@ -58,6 +66,7 @@ class Predictor:
         self._std = list(card.std)
         self._decide = decide
         self._compiled = False
+        self._compiled_turn = threading.Lock()
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, device: str | torch.device | None = None) -> Predictor:
@@ -133,9 +142,15 @@ class Predictor:
             if self._compiled and n & (n - 1):  # pad to a power-of-two bucket: one graph per size
                 pad = (1 << n.bit_length()) - n
                 x = torch.cat((x, x.new_zeros((pad, *x.shape[1:]))))
-                out = self.module(x)
+                with self._turn():
+                    out = self.module(x)
                 return EnsembleOutput(out.p[:n], None if out.q is None else out.q[:n])
-            return self.module(x)
+            with self._turn():
+                return self.module(x)
+
+    def _turn(self) -> contextlib.AbstractContextManager[Any]:
+        """Exclusive use of the compiled code (see the class docstring); nothing when eager."""
+        return self._compiled_turn if self._compiled else contextlib.nullcontext()
 
     def _to_device(self, x: Tensor) -> Tensor:
         if self.device.type == "cuda":
@@ -177,9 +192,9 @@ class Predictor:
         members = out.q if options.members == "q" else out.p
         if members is None:
             raise ValueError("vgmu_on='q' needs a VGN model")
-        with torch.inference_mode():
+        with torch.inference_mode(), self._turn():
             packed = self._decide(members.float(), options.abstain_k, options.top_k)
-        return ScoreColumns.from_tensor(packed)
+        return ScoreColumns.from_tensor(packed)  # the copy back: outside the turn
 
     def compile(self, warm_up: tuple[int, ...] = (1,)) -> bool:
         """Compile the forward pass and the decision with ``torch.compile`` (fused kernels).

@@ -2,7 +2,7 @@
 
 Requests (each one or more images, already in shared memory) wait in one bounded queue. The batch
 loop takes the oldest request and the ones behind it for the same model generation, up to
-``max_batch_size`` images, runs the forward pass and the scoring in one worker thread, and answers
+``max_batch_size`` images, runs the forward pass and the scoring in a compute thread, and answers
 each request with its rows of the packed score columns. While one batch computes, the next one
 fills — that is where batching comes from under load. ``batch_wait="adaptive"`` (the default)
 also holds a batch that is not full for up to ``max_delay_s`` while a front end reports requests
@@ -139,7 +139,7 @@ class Batcher:
         # One compute thread per batch in flight; a batch is taken only when a slot is free, so
         # with one slot the next batch fills while this one computes.
         self._slots = asyncio.Semaphore(in_flight)
-        self._running: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], list[_Unit]] = {}  # batches computing
         self._executor = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="vge-compute")
         self._batch_s = 0.01  # running estimate of one batch's compute time (for Retry-After)
         self._gauges: dict[str, Any] = {}
@@ -171,7 +171,8 @@ class Batcher:
     async def drain(self, timeout_s: float) -> None:
         """Stop admitting, compute what is queued without waiting for more, stop the loop.
 
-        Requests still queued after ``timeout_s`` are answered 503, so none is left unanswered.
+        Requests still queued or computing after ``timeout_s`` are answered 503, so none is left
+        unanswered (a batch that finishes later answers nobody twice: :meth:`_Unit.reply`).
         """
         self._admitting = False
         self._closing = True
@@ -180,18 +181,22 @@ class Batcher:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
             except TimeoutError:
-                log.error("drain timed out after %.1fs; refusing %d queued", timeout_s, self._rows)
+                log.error(
+                    "drain timed out after %.1fs; refusing %d queued and %d computing images",
+                    timeout_s, self._rows, sum(u.rows for b in self._running.values() for u in b),
+                )  # fmt: skip
                 self._task.cancel()
-        while self._pending:
-            unit = self._pending.popleft()
-            if unit.state is _State.QUEUED:
-                unit.reply(
-                    None,
-                    QueueFull(
-                        "the server shut down before this request ran; retry",
-                        headers={"Retry-After": "1"},
-                    ),
-                )
+        gone = [u for u in self._pending if u.state is _State.QUEUED]
+        gone += [u for batch in self._running.values() for u in batch]
+        self._pending.clear()
+        for unit in gone:
+            unit.reply(
+                None,
+                QueueFull(
+                    "the server shut down before this request was answered; retry",
+                    headers={"Retry-After": "1"},
+                ),
+            )
         self._rows = 0
         self._executor.shutdown(wait=False)
 
@@ -334,8 +339,10 @@ class Batcher:
         try:
             await self._batches()
         finally:
-            if self._running:  # drained, or cancelled: batches already computing still answer
-                await asyncio.gather(*self._running, return_exceptions=True)
+            if self._running:  # drained: batches still computing answer first
+                # asyncio.wait, not gather: a cancelled drain must not cancel them (drain answers
+                # their requests 503 and a batch finishing later answers nobody twice).
+                await asyncio.wait(self._running)
 
     async def _batches(self) -> None:
         while True:
@@ -371,12 +378,16 @@ class Batcher:
             if batch:
                 await self._slots.acquire()
                 task = asyncio.get_running_loop().create_task(self._run(batch))
-                self._running.add(task)
+                self._running[task] = batch
                 task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
+        batch = self._running.pop(task, [])
         self._slots.release()
+        if not task.cancelled() and task.exception() is not None:  # never raised: answer here
+            log.error("a batch of %d requests failed", len(batch), exc_info=task.exception())
+            for unit in batch:
+                unit.reply(None, task.exception())
 
     @staticmethod
     def _compute(batch: list[_Unit]) -> tuple[list[tuple[bool, Any]], list[ScoreColumns]]:

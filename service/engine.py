@@ -33,7 +33,8 @@ _DTYPES = {"uint8", "float32"}
 
 
 class Engine:
-    """The engine's state and its request handlers (one asyncio loop, one compute thread)."""
+    """The engine's state and its request handlers (one asyncio loop; a compute thread per batch in
+    flight, one by default)."""
 
     def __init__(self, settings: Settings) -> None:
         from service.batcher import Batcher

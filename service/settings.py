@@ -53,8 +53,9 @@ class Settings(BaseSettings):
     # --- batching ----------------------------------------------------------------------------
     max_batch_size: Annotated[int, Field(ge=0, le=4096)] = Field(
         0,
-        description="Images per forward pass; 0: auto (32 on a CPU, 256 on a GPU). Batches are "
-        "only as large as the queue holds, so a larger bound adds no latency at low load.",
+        description="Images per forward pass; 0: auto (256 on a CUDA GPU, else 32). Batches are "
+        "only as large as the queue holds: a lone request never waits for more. Compiled (on "
+        "CUDA), each power-of-two bucket up to it is compiled at load (9 for 256).",
     )
     max_queue_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = 5.0
     batches_in_flight: Annotated[int, Field(ge=1, le=8)] = Field(
@@ -296,7 +297,7 @@ class Settings(BaseSettings):
         return self.compile == "on"
 
     def resolved_max_batch_size(self) -> int:
-        """Images per forward pass: ``max_batch_size``, else 32 on a CPU and 256 on a GPU.
+        """Images per forward pass: ``max_batch_size``, else 256 on a CUDA GPU and 32 elsewhere.
 
         On a CPU the forward pass costs about the same per image from a batch of 16 up
         (docs/benchmarks.md, "Forward pass on CPU"), and a larger batch only delays its first

@@ -90,11 +90,13 @@ class Arena:
         GIL, where :meth:`view`'s three torch calls cost ~4 µs and each hands the GIL to the compute
         thread, which may keep it for a whole switch interval. On an H100 host at 5,000 req/s
         :meth:`view` took 17 % of the engine's CPU samples. The compute thread wraps the array
-        with ``torch.from_numpy`` (no copy).
+        with ``torch.from_numpy`` (no copy). Each array keeps the mapping alive after :meth:`close`.
         """
         dt = np.dtype(dtype)
         count = 1
         for s in shape:
+            if int(s) < 0:  # numpy would read a negative count as "the rest of the buffer"
+                raise ValueError(f"negative dimension in shape {shape}")
             count *= int(s)
         nbytes = count * dt.itemsize
         if offset < 0 or offset + nbytes > self.size:

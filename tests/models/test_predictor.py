@@ -150,3 +150,15 @@ def test_compiled_bucketed_path_matches_eager(tmp_path):
     compiled = pred.score_columns(pred.run([x]), opts).data
     assert compiled.shape == eager.shape == (5, 7 + 2 * 3)
     np.testing.assert_allclose(compiled, eager, rtol=1e-5, atol=1e-5)
+
+    # Two serving threads (VGE_BATCHES_IN_FLIGHT=2) call the compiled code: they take turns, and
+    # each gets its own batch's answers.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def serve(rows: int) -> np.ndarray:
+        return pred.score_columns(pred.run([x[:rows]]), opts).data
+
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(serve, [5, 3] * 8))
+    for rows, data in zip([5, 3] * 8, got, strict=True):
+        np.testing.assert_allclose(data, eager[:rows], rtol=1e-5, atol=1e-5)

@@ -355,9 +355,10 @@ def test_two_batches_in_flight_compute_at_once_and_answer_their_own_rows(
             asyncio.create_task(batcher.submit(gated, "tiny", pixels[i : i + 1], opts, 20.0))
             for i in range(4)
         ]
-        out = await asyncio.gather(*answers)
-        await batcher.drain(5.0)
-        return out
+        await asyncio.sleep(0.05)  # both batches taken; their forward passes meet at the barrier
+        await batcher.drain(10.0)
+        assert all(a.done() for a in answers)  # drain returned after both batches answered
+        return [a.result() for a in answers]
 
     out = asyncio.run(main())
     for i, columns in enumerate(out):
@@ -371,3 +372,45 @@ def test_two_batches_in_flight_compute_at_once_and_answer_their_own_rows(
 def test_in_flight_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="in_flight must be at least 1"):
         _batcher(in_flight=0)
+
+
+class _Held:
+    """A real predictor whose forward pass waits until the test releases it."""
+
+    def __init__(self, predictor: Predictor) -> None:
+        import threading
+
+        self._predictor = predictor
+        self.card = predictor.card
+        self.release = threading.Event()
+
+    def run(self, parts: list[torch.Tensor]):  # noqa: ANN201 - EnsembleOutput
+        self.release.wait(10)
+        return self._predictor.run(parts)
+
+    def score_columns(self, out, options):  # noqa: ANN001, ANN201
+        return self._predictor.score_columns(out, options)
+
+
+def test_drain_timeout_answers_computing_requests_503_and_never_twice(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    """A batch still computing when drain's time is up: its requests are answered 503 at once,
+    and the batch finishing later answers nobody a second time."""
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+    held = _Held(predictor)
+
+    async def main() -> None:
+        batcher = _batcher(wait_always=False)
+        batcher.start()
+        answers: list[tuple] = []
+        batcher.enqueue(held, "tiny", pixels[:2], opts, 30.0, lambda c, e: answers.append((c, e)))
+        await asyncio.sleep(0.05)  # taken: computing, held in the forward pass
+        await batcher.drain(0.1)
+        assert len(answers) == 1 and answers[0][0] is None
+        assert isinstance(answers[0][1], QueueFull) and "shut down" in str(answers[0][1])
+        held.release.set()
+        await asyncio.sleep(0.5)  # the batch finishes; its answer goes nowhere
+        assert len(answers) == 1
+
+    asyncio.run(main())

@@ -28,8 +28,9 @@ def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.api_key is None and s.device == "auto"
 
 
-def test_max_batch_size_is_sized_for_the_device() -> None:
-    """0 (the default) is 32 on a CPU and 256 on a GPU; a set value wins on either."""
+def test_max_batch_size_is_sized_for_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0 (the default) is 32 on a CPU and 256 on a CUDA GPU; a set value wins on either."""
+    monkeypatch.delenv("VGE_MAX_BATCH_SIZE", raising=False)
     assert Settings(device="cpu").resolved_max_batch_size() == 32
     assert Settings(device="cuda").resolved_max_batch_size() == 256
     assert Settings(device="cuda:1").resolved_max_batch_size() == 256

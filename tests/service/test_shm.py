@@ -71,9 +71,14 @@ def test_engine_arrays_read_what_the_front_end_wrote_without_a_copy(tmp_path: Pa
         reader.array((1 << 16) - 8, "float32", (4,))
     with pytest.raises(ValueError, match="outside the arena"):
         reader.array(-64, "uint8", (1,))
-    del arr, f
+    with pytest.raises(ValueError, match="negative dimension"):
+        reader.array(192, "uint8", (-1, 1, 4, 4))
     writer.close()
-    reader.close()
+    reader.close()  # the arrays keep the mapping: still readable (a batch may hold them)
+    import gc
+
+    gc.collect()
+    assert torch.equal(torch.from_numpy(arr)[1], x[1]) and f.tolist() == [0.5, 1.5, -2.0]
 
 
 def test_a_closed_arena_stays_readable_through_live_views(tmp_path: Path) -> None:
