@@ -12,7 +12,9 @@ batches it runs most efficiently (on a CPU shared with the front ends, a batch o
 the CPU per image of a batch of eight). With ``batch_wait="always"`` the loop waits up to
 ``max_delay_s`` for a fuller batch whatever is arriving (Triton's ``max_queue_delay``).
 ``in_flight`` batches compute at once (default 1: the next batch is taken when one finishes). With
-2 on a GPU, one compute thread launches a batch while the other waits for its copy back.
+more, a further batch starts beside a computing one only when it is full (``max_batch_size``
+images): large requests and deep queues use a second compute thread, light load keeps its fuller
+batches.
 
 Guarantees (each tested in tests/service/test_batcher.py):
 
@@ -357,6 +359,17 @@ class Batcher:
                     pass
                 continue
             first = self._pending[0]
+            if (
+                self._running
+                and not self._hurry
+                and self._rows_for(first.predictor) < self.max_batch_size
+            ):
+                # A batch computes: another starts beside it only when it is full. Half-full
+                # batches side by side cost more per image than one fuller batch after the other
+                # (on the 2-core box, single images: 1,075 -> 850 req/s at c=16 without this rule).
+                self._wakeup.clear()  # set by arrivals and by a batch finishing
+                await self._wakeup.wait()
+                continue
             flush_at = first.enqueued + self.max_delay_s
             while (
                 not self._hurry
@@ -384,6 +397,7 @@ class Batcher:
     def _finished(self, task: asyncio.Task[None]) -> None:
         batch = self._running.pop(task, [])
         self._slots.release()
+        self._wakeup.set()  # a batch waiting to fill may start now
         if not task.cancelled() and task.exception() is not None:  # never raised: answer here
             log.error("a batch of %d requests failed", len(batch), exc_info=task.exception())
             for unit in batch:
