@@ -383,8 +383,10 @@ class _Held:
         self._predictor = predictor
         self.card = predictor.card
         self.release = threading.Event()
+        self.entered = 0  # forward passes begun
 
     def run(self, parts: list[torch.Tensor]):  # noqa: ANN201 - EnsembleOutput
+        self.entered += 1
         self.release.wait(10)
         return self._predictor.run(parts)
 
@@ -414,3 +416,38 @@ def test_drain_timeout_answers_computing_requests_503_and_never_twice(
         assert len(answers) == 1
 
     asyncio.run(main())
+
+
+def test_a_second_batch_starts_beside_a_computing_one_only_when_full(
+    predictor: Predictor, pixels: torch.Tensor
+) -> None:
+    """``in_flight=2``: while a batch computes, two queued images (of a max batch of 4) wait for it;
+    two more make a full batch, which starts at once beside it."""
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+    held = _Held(predictor)
+
+    async def main() -> list:
+        batcher = _batcher(max_batch_size=4, wait_always=False, in_flight=2)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit(held, "tiny", pixels[:4], opts, 30.0))
+        await asyncio.sleep(0.1)
+        assert held.entered == 1
+        rest = [
+            asyncio.create_task(batcher.submit(held, "tiny", pixels[i : i + 1], opts, 30.0))
+            for i in range(4, 6)
+        ]
+        await asyncio.sleep(0.2)
+        assert held.entered == 1  # half a batch: it waits for the computing one
+        rest += [
+            asyncio.create_task(batcher.submit(held, "tiny", pixels[i : i + 1], opts, 30.0))
+            for i in range(6, 8)
+        ]
+        await asyncio.sleep(0.2)
+        assert held.entered == 2  # full: it computes beside the first
+        held.release.set()
+        out = await asyncio.gather(first, *rest)
+        await batcher.drain(5.0)
+        return out
+
+    out = asyncio.run(main())
+    assert [len(c) for c in out] == [4, 1, 1, 1, 1]
