@@ -7,6 +7,7 @@ scoring of the same rows.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -374,6 +375,15 @@ def test_in_flight_below_one_is_refused() -> None:
         _batcher(in_flight=0)
 
 
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Wait until ``condition()`` holds (a compute thread has reached a point), at most 5 s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 class _Held:
     """A real predictor whose forward pass waits until the test releases it."""
 
@@ -407,7 +417,7 @@ def test_drain_timeout_answers_computing_requests_503_and_never_twice(
         batcher.start()
         answers: list[tuple] = []
         batcher.enqueue(held, "tiny", pixels[:2], opts, 30.0, lambda c, e: answers.append((c, e)))
-        await asyncio.sleep(0.05)  # taken: computing, held in the forward pass
+        await _until(lambda: held.entered == 1)  # taken: computing, held in the forward pass
         await batcher.drain(0.1)
         assert len(answers) == 1 and answers[0][0] is None
         assert isinstance(answers[0][1], QueueFull) and "shut down" in str(answers[0][1])
@@ -430,8 +440,7 @@ def test_a_second_batch_starts_beside_a_computing_one_only_when_full(
         batcher = _batcher(max_batch_size=4, wait_always=False, in_flight=2)
         batcher.start()
         first = asyncio.create_task(batcher.submit(held, "tiny", pixels[:4], opts, 30.0))
-        await asyncio.sleep(0.1)
-        assert held.entered == 1
+        await _until(lambda: held.entered == 1)
         rest = [
             asyncio.create_task(batcher.submit(held, "tiny", pixels[i : i + 1], opts, 30.0))
             for i in range(4, 6)
@@ -442,8 +451,7 @@ def test_a_second_batch_starts_beside_a_computing_one_only_when_full(
             asyncio.create_task(batcher.submit(held, "tiny", pixels[i : i + 1], opts, 30.0))
             for i in range(6, 8)
         ]
-        await asyncio.sleep(0.2)
-        assert held.entered == 2  # full: it computes beside the first
+        await _until(lambda: held.entered == 2)  # full: it computes beside the first
         held.release.set()
         out = await asyncio.gather(first, *rest)
         await batcher.drain(5.0)
