@@ -24,12 +24,6 @@ from benchmarks.profile_serve import thread_cpu
 from benchmarks.serving import BOUNDARY, REPO, _pngs, batch_totals, multipart, targets, wrk
 
 
-def mean_batch(url: str) -> float:
-    """Mean images per forward pass so far, from the server's ``vge_batch_size`` histogram."""
-    total, count = batch_totals(url)
-    return total / count if count else float("nan")
-
-
 def cpu_split(
     before: dict[tuple[str, int], float], after: dict[tuple[str, int], float], requests: float
 ) -> dict[str, float]:
@@ -79,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
                     url = t.url + t.path
                     wrk(url, body, ctype, "", args.conc, 2)  # warm-up
                     pid = t.proc.pid  # type: ignore[union-attr]
+                    images0, batches0 = batch_totals(t.url)
                     before = thread_cpu(pid)
                     load = wrk(url, body, ctype, "", args.conc, args.seconds)
                     after = thread_cpu(pid)
-                    row = {"req/s": load["rps"], "p99": load["p99"], "batch": mean_batch(t.url)}
+                    images, batches = batch_totals(t.url)
+                    batch = (images - images0) / (batches - batches0) if batches > batches0 else 0
+                    row = {"req/s": load["rps"], "p99": load["p99"], "batch": batch}
                     row |= cpu_split(before, after, load["rps"] * args.seconds)
                 finally:
                     t.stop()

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torchvision.io import encode_png
 
+from benchmarks.serving import metric
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -44,14 +46,6 @@ def _free_port() -> int:
 def _pngs(n: int = 256) -> list[bytes]:
     images = np.load(REPO / "models" / "data" / "mnist-8k.npz")["images"][-n:]
     return [encode_png(torch.from_numpy(im).unsqueeze(0)).numpy().tobytes() for im in images]
-
-
-def _metric(url: str, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rpartition(" ")[2])
-    return total
 
 
 class ServerProcess:
@@ -164,14 +158,14 @@ async def _level(port: int, requests: list[bytes], concurrency: int, duration: f
 
     await asyncio.gather(*(worker(w, time.perf_counter() + 0.5, False) for w in range(concurrency)))
     sent = 0
-    batches0, images0 = _metric(url, "vge_batch_size_count"), _metric(url, "vge_batch_size_sum")
-    dur0 = _metric(url, "vge_request_duration_seconds_sum")
+    batches0, images0 = metric(url, "vge_batch_size_count"), metric(url, "vge_batch_size_sum")
+    dur0 = metric(url, "vge_request_duration_seconds_sum")
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w, t0 + duration, True) for w in range(concurrency)))
     elapsed = time.perf_counter() - t0
-    batches = _metric(url, "vge_batch_size_count") - batches0
-    images = _metric(url, "vge_batch_size_sum") - images0
-    server_s = _metric(url, "vge_request_duration_seconds_sum") - dur0
+    batches = metric(url, "vge_batch_size_count") - batches0
+    images = metric(url, "vge_batch_size_sum") - images0
+    server_s = metric(url, "vge_request_duration_seconds_sum") - dur0
     q = (
         statistics.quantiles(latencies, n=100, method="inclusive")
         if len(latencies) > 1

@@ -241,15 +241,18 @@ def run_lua(url: str, lua: Path, conc: int, duration: float) -> dict:
             "socket": errors.group(0) if errors else ""}  # fmt: skip
 
 
+def metric(url: str, name: str) -> float:
+    """``name`` on the server's ``/metrics``, summed over its label sets."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rpartition(" ")[2])
+    return total
+
+
 def batch_totals(url: str) -> tuple[float, float]:
     """The server's ``vge_batch_size`` histogram so far: (images, forward passes)."""
-    total = count = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("vge_batch_size_sum"):
-            total += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vge_batch_size_count"):
-            count += float(line.rsplit(" ", 1)[1])
-    return total, count
+    return metric(url, "vge_batch_size_sum"), metric(url, "vge_batch_size_count")
 
 
 def connection_spread(t: Target, conc: int, into: dict[str, dict[str, float]]) -> None:

@@ -142,11 +142,11 @@ class Predictor:
             if self._compiled and n & (n - 1):  # pad to a power-of-two bucket: one graph per size
                 pad = (1 << n.bit_length()) - n
                 x = torch.cat((x, x.new_zeros((pad, *x.shape[1:]))))
-                with self._turn():
-                    out = self.module(x)
-                return EnsembleOutput(out.p[:n], None if out.q is None else out.q[:n])
             with self._turn():
-                return self.module(x)
+                out = self.module(x)
+            if x.shape[0] == n:
+                return out
+            return EnsembleOutput(out.p[:n], None if out.q is None else out.q[:n])
 
     def _turn(self) -> contextlib.AbstractContextManager[Any]:
         """Exclusive use of the compiled code (see the class docstring); nothing when eager."""

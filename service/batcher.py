@@ -51,7 +51,7 @@ import torch
 from models.ensembles import EnsembleOutput
 from models.serving import ScoreColumns, ScoreOptions
 from service.errors import DeadlineExceeded, QueueFull
-from service.metrics import Metrics
+from service.metrics import Metrics, observe_many
 
 log = logging.getLogger("vge.batcher")
 
@@ -332,9 +332,8 @@ class Batcher:
         if batch:
             model = batch[0].model
             self._queue_depth(model).set(self._rows)
-            wait = self.metrics.queue_wait.labels(model=model)
-            for unit in batch:
-                wait.observe(now - unit.enqueued)
+            waits = now - np.fromiter((u.enqueued for u in batch), float, len(batch))
+            observe_many(self.metrics.queue_wait.labels(model=model), waits)
         return batch
 
     async def _loop(self) -> None:
@@ -410,8 +409,9 @@ class Batcher:
         Returns each unit's ``(ok, rows or error)`` and every option group's scored columns.
         """
         predictor = batch[0].predictor
-        # The engine queues numpy views of shared memory (no torch call on its event loop).
-        parts = [torch.from_numpy(u.x) if isinstance(u.x, np.ndarray) else u.x for u in batch]
+        # The engine queues numpy views of shared memory (no torch call on its event loop);
+        # as_tensor shares their memory.
+        parts = [torch.as_tensor(u.x) for u in batch]
         out = predictor.run(parts)  # EnsembleOutput (B, M, C) on the device
         groups: dict[ScoreOptions, list[tuple[int, int, int]]] = {}
         start = 0

@@ -7,6 +7,7 @@ scoring of the same rows.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -320,19 +321,19 @@ def test_adaptive_waits_at_most_max_delay_for_what_never_comes(
     assert 0.29 <= _lone_request_seconds(batcher, predictor, pixels) < 5.0
 
 
-class _Overlapping:
-    """A real predictor whose forward pass waits until ``parties`` batches are inside it at once:
-    a batch reaches the model only if that many batches compute concurrently."""
+class _Gated:
+    """A real predictor whose forward pass first passes ``gate`` (a barrier's or an event's
+    ``wait``): batches reach the model only as the test lets them. ``entered`` counts arrivals."""
 
-    def __init__(self, predictor: Predictor, parties: int) -> None:
-        import threading
-
+    def __init__(self, predictor: Predictor, gate: Callable[[], object]) -> None:
         self._predictor = predictor
         self.card = predictor.card
-        self.barrier = threading.Barrier(parties, timeout=10)
+        self.gate = gate
+        self.entered = 0  # forward passes begun
 
     def run(self, parts: list[torch.Tensor]):  # noqa: ANN201 - EnsembleOutput
-        self.barrier.wait()
+        self.entered += 1
+        self.gate()
         return self._predictor.run(parts)
 
     def score_columns(self, out, options):  # noqa: ANN001, ANN201
@@ -346,7 +347,8 @@ def test_two_batches_in_flight_compute_at_once_and_answer_their_own_rows(
     forward pass lets neither through alone), each request gets its own rows, and drain waits for
     both."""
     opts = ScoreOptions(abstain_k=1.0, members="q", top_k=2)
-    gated = _Overlapping(predictor, parties=2)
+    barrier = threading.Barrier(2, timeout=10)  # neither batch passes alone
+    gated = _Gated(predictor, barrier.wait)
     metrics = Metrics()
 
     async def main() -> list:
@@ -367,7 +369,7 @@ def test_two_batches_in_flight_compute_at_once_and_answer_their_own_rows(
             columns.data, _alone(predictor, pixels[i : i + 1], opts), rtol=1e-5, atol=1e-6
         )
     assert metrics.batch_size.labels(model="tiny")._sum.get() == 4
-    assert not gated.barrier.broken
+    assert not barrier.broken
 
 
 def test_in_flight_below_one_is_refused() -> None:
@@ -384,33 +386,14 @@ async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-class _Held:
-    """A real predictor whose forward pass waits until the test releases it."""
-
-    def __init__(self, predictor: Predictor) -> None:
-        import threading
-
-        self._predictor = predictor
-        self.card = predictor.card
-        self.release = threading.Event()
-        self.entered = 0  # forward passes begun
-
-    def run(self, parts: list[torch.Tensor]):  # noqa: ANN201 - EnsembleOutput
-        self.entered += 1
-        self.release.wait(10)
-        return self._predictor.run(parts)
-
-    def score_columns(self, out, options):  # noqa: ANN001, ANN201
-        return self._predictor.score_columns(out, options)
-
-
 def test_drain_timeout_answers_computing_requests_503_and_never_twice(
     predictor: Predictor, pixels: torch.Tensor
 ) -> None:
     """A batch still computing when drain's time is up: its requests are answered 503 at once,
     and the batch finishing later answers nobody a second time."""
     opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
-    held = _Held(predictor)
+    release = threading.Event()
+    held = _Gated(predictor, lambda: release.wait(10))
 
     async def main() -> None:
         batcher = _batcher(wait_always=False)
@@ -421,7 +404,7 @@ def test_drain_timeout_answers_computing_requests_503_and_never_twice(
         await batcher.drain(0.1)
         assert len(answers) == 1 and answers[0][0] is None
         assert isinstance(answers[0][1], QueueFull) and "shut down" in str(answers[0][1])
-        held.release.set()
+        release.set()
         await asyncio.sleep(0.5)  # the batch finishes; its answer goes nowhere
         assert len(answers) == 1
 
@@ -434,7 +417,8 @@ def test_a_second_batch_starts_beside_a_computing_one_only_when_full(
     """``in_flight=2``: while a batch computes, two queued images (of a max batch of 4) wait for it;
     two more make a full batch, which starts at once beside it."""
     opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
-    held = _Held(predictor)
+    release = threading.Event()
+    held = _Gated(predictor, lambda: release.wait(10))
 
     async def main() -> list:
         batcher = _batcher(max_batch_size=4, wait_always=False, in_flight=2)
@@ -452,7 +436,7 @@ def test_a_second_batch_starts_beside_a_computing_one_only_when_full(
             for i in range(6, 8)
         ]
         await _until(lambda: held.entered == 2)  # full: it computes beside the first
-        held.release.set()
+        release.set()
         out = await asyncio.gather(first, *rest)
         await batcher.drain(5.0)
         return out

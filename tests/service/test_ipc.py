@@ -4,23 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from service.ipc import MAX_FRAME, Outbox, encode, read_frame
 
+Body = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
-async def _pair() -> tuple[asyncio.StreamReader, asyncio.StreamWriter, asyncio.StreamWriter]:
-    """A connected Unix socket pair: (reader of side b, writer of side a, writer of side b)."""
-    a, b = socket.socketpair()
-    _, writer_a = await asyncio.open_connection(sock=a)
-    reader_b, writer_b = await asyncio.open_connection(sock=b)
-    return reader_b, writer_a, writer_b
+
+def _over_a_socket(body: Body) -> None:
+    """Run ``body(reader, writer)`` on a connected Unix socket pair: ``writer`` writes one side,
+    ``reader`` reads the other; both sides are closed afterwards."""
+
+    async def main() -> None:
+        a, b = socket.socketpair()
+        _, writer = await asyncio.open_connection(sock=a)
+        reader, other = await asyncio.open_connection(sock=b)
+        try:
+            await body(reader, writer)
+        finally:
+            writer.close()
+            other.close()
+
+    asyncio.run(main())
 
 
 def test_what_is_put_in_one_loop_iteration_goes_as_one_frame_in_order() -> None:
-    async def main() -> None:
-        reader, writer, other = await _pair()
+    async def body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         outbox = Outbox(writer)
         for i in range(5):
             outbox.put(("ok", i, {"n": i}))
@@ -29,29 +40,24 @@ def test_what_is_put_in_one_loop_iteration_goes_as_one_frame_in_order() -> None:
         assert await read_frame(reader) == [("ok", i, {"n": i}) for i in range(5)]
         assert await read_frame(reader) == [("model", 0, None)]
         outbox.close()
-        other.close()
 
-    asyncio.run(main())
+    _over_a_socket(body)
 
 
 def test_frames_written_one_by_one_are_read_one_by_one() -> None:
     """A front end's requests: each written at once as a frame of one (EngineClient._send)."""
 
-    async def main() -> None:
-        reader, writer, other = await _pair()
+    async def body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(encode([("infer", 1, None)]))
         writer.write(encode([("infer", 2, None)]))
         assert await read_frame(reader) == [("infer", 1, None)]
         assert await read_frame(reader) == [("infer", 2, None)]
-        writer.close()
-        other.close()
 
-    asyncio.run(main())
+    _over_a_socket(body)
 
 
 def test_close_sends_what_waits_and_a_closed_outbox_drops_what_comes_later() -> None:
-    async def main() -> None:
-        reader, writer, other = await _pair()
+    async def body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         outbox = Outbox(writer)
         outbox.put(("ok", 1, b"rows"))
         outbox.close()  # flushes first
@@ -60,18 +66,14 @@ def test_close_sends_what_waits_and_a_closed_outbox_drops_what_comes_later() -> 
             await read_frame(reader)
         outbox.put(("ok", 2, b"late"))  # the front end is gone: dropped, no error
         await asyncio.sleep(0)
-        other.close()
 
-    asyncio.run(main())
+    _over_a_socket(body)
 
 
 def test_an_oversized_frame_header_is_refused_before_reading_it() -> None:
-    async def main() -> None:
-        reader, writer, other = await _pair()
+    async def body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write((MAX_FRAME + 1).to_bytes(4, "little"))
         with pytest.raises(ValueError, match="over the limit"):
             await read_frame(reader)
-        writer.close()
-        other.close()
 
-    asyncio.run(main())
+    _over_a_socket(body)
