@@ -17,7 +17,6 @@ import struct
 from concurrent.futures import Executor
 
 import torch
-from starlette.datastructures import UploadFile
 from torchvision.io import ImageReadMode, decode_image
 
 from models.data import conform_image
@@ -173,19 +172,17 @@ def b64_images(items: list[str], settings: Settings) -> list[bytes]:
     return out
 
 
-async def multipart_images(files: list[UploadFile], settings: Settings) -> list[bytes]:
-    """Read uploaded files in order, refusing any over ``max_image_bytes``."""
+def multipart_images(files: list[tuple[str, bytes]], settings: Settings) -> list[bytes]:
+    """The bytes of uploaded ``(filename, bytes)`` files in order, refusing any over
+    ``max_image_bytes``."""
     check_count(len(files), settings)
-    out = []
-    for i, f in enumerate(files):
-        data = await f.read(settings.max_image_bytes + 1)
+    for i, (filename, data) in enumerate(files):
         if len(data) > settings.max_image_bytes:
             raise PayloadTooLarge(
-                f"image {i} ({f.filename!r}) is over the limit of {settings.max_image_bytes} bytes "
+                f"image {i} ({filename!r}) is over the limit of {settings.max_image_bytes} bytes "
                 "(VGE_MAX_IMAGE_BYTES)"
             )
-        out.append(data)
-    return out
+    return [data for _, data in files]
 
 
 def to_png(data: bytes) -> bytes:

@@ -9,12 +9,12 @@ from typing import Any
 import torch
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
-from starlette.datastructures import UploadFile
 
 from service.decode import b64_images, multipart_images
 from service.deps import ServiceState, service_state
 from service.errors import BadInput, InvalidValue
 from service.inference import predict_images, resolve_options
+from service.multipart import parse_form
 from service.reviews import ReviewPolicy, chosen_for_review, queue_answers
 from service.routes.schemas import (
     PredictJSON,
@@ -89,10 +89,11 @@ async def _read_payload(
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     settings = state.settings
     if ctype == "multipart/form-data":
-        form = await request.form(max_files=settings.max_images * 2 + 8, max_fields=64)
-        files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
-        options = {k: v for k, v in form.multi_items() if not isinstance(v, UploadFile)}
-        return await multipart_images(files, settings), options
+        raw = await request.body()  # complete and capped (BodyLimitMiddleware)
+        form = parse_form(
+            raw, request.headers["content-type"], max_files=settings.max_images, max_fields=64
+        )
+        return multipart_images(form.files, settings), form.fields
     if ctype in ("application/json", ""):
         raw = await request.body()
         body = parse_json(raw, "body")

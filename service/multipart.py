@@ -1,0 +1,119 @@
+"""``multipart/form-data`` request bodies → files and text fields, in memory.
+
+python-multipart's parser (what Starlette's ``request.form()`` uses) over a body that is already
+complete and capped (:class:`service.middleware.BodyLimitMiddleware`, ``VGE_MAX_PAYLOAD_BYTES``).
+Starlette's form API spools every file into a ``SpooledTemporaryFile`` behind an ``UploadFile``
+(built for uploads that may not fit in memory) and reads it back through ``await file.read()``;
+the images of a scoring request are small and go straight to the decoder, so here each part is
+collected as ``bytes``. On the 2-core box the one-image request of the serving benchmark cost a
+FastAPI app 199–217 µs of CPU with ``request.form()`` and 160 µs with this (wrk, 64 connections;
+docs/benchmarks.md, "Reading the 2-core numbers").
+
+Every malformed body is a :class:`service.errors.BadInput` (400) naming the problem; more files
+than ``max_files`` is a 413 (too many images).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
+
+from service.errors import BadInput, PayloadTooLarge
+
+
+@dataclass(slots=True)
+class Form:
+    """A parsed body: ``files`` (``(filename, bytes)`` in order) and text ``fields``."""
+
+    files: list[tuple[str, bytes]] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+class _Collector:
+    """python-multipart callbacks that gather each part's headers and bytes."""
+
+    def __init__(self, form: Form, max_files: int, max_fields: int) -> None:
+        self.form = form
+        self.max_files = max_files
+        self.max_fields = max_fields
+        self._header_name = b""
+        self._header_value: list[bytes] = []
+        self._disposition = b""
+        self._chunks: list[bytes] = []
+
+    def on_part_begin(self) -> None:
+        self._disposition = b""
+        self._chunks = []
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_name += data[start:end]
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value.append(data[start:end])
+
+    def on_header_end(self) -> None:
+        if self._header_name.lower() == b"content-disposition":
+            self._disposition = b"".join(self._header_value)
+        self._header_name, self._header_value = b"", []
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        self._chunks.append(data[start:end])
+
+    def on_part_end(self) -> None:
+        _, options = parse_options_header(self._disposition)
+        name = options.get(b"name")
+        if name is None:
+            raise BadInput('a multipart part has no Content-Disposition "name"')
+        data = b"".join(self._chunks)
+        if b"filename" in options:
+            if len(self.form.files) >= self.max_files:
+                raise PayloadTooLarge(
+                    f"too many images: more than {self.max_files} files in one request "
+                    "(VGE_MAX_IMAGES); split the request"
+                )
+            self.form.files.append((_text(options[b"filename"]), data))
+            return
+        if len(self.form.fields) >= self.max_fields:
+            raise BadInput(f"too many form fields: more than {self.max_fields}")
+        self.form.fields[_text(name)] = _text(data)
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise BadInput("a multipart field or filename is not valid UTF-8") from None
+
+
+def parse_form(body: bytes, content_type: str, *, max_files: int, max_fields: int) -> Form:
+    """Parse a complete ``multipart/form-data`` ``body`` sent with ``content_type``.
+
+    Parts with a ``filename`` are files, others text fields (a repeated field keeps its last
+    value). Raises :class:`BadInput` for a missing boundary, a malformed or truncated body, or a
+    part without a name; :class:`PayloadTooLarge` beyond ``max_files`` files.
+    """
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise BadInput("multipart/form-data without a boundary in its Content-Type")
+    form = Form()
+    c = _Collector(form, max_files, max_fields)
+    callbacks = {
+        "on_part_begin": c.on_part_begin,
+        "on_part_data": c.on_part_data,
+        "on_part_end": c.on_part_end,
+        "on_header_field": c.on_header_field,
+        "on_header_value": c.on_header_value,
+        "on_header_end": c.on_header_end,
+    }
+    parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+    try:
+        parser.write(body)
+        parser.finalize()
+    except FormParserError as exc:
+        raise BadInput(f"malformed multipart body: {str(exc)[:200]}") from None
+    if parser.state != MultipartState.END:
+        raise BadInput("malformed multipart body: it ends before its closing boundary")
+    return form

@@ -1,0 +1,81 @@
+"""service.multipart: bodies as real clients encode them, parsed back exactly; every malformed body
+a 4xx naming the problem."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.errors import BadInput, PayloadTooLarge, ServiceError
+from service.multipart import parse_form
+
+CT = "multipart/form-data; boundary=b"
+
+
+def _encoded(files: list[tuple[str, bytes]], data: dict[str, str]) -> tuple[bytes, str]:
+    """The body and Content-Type httpx (the stock Python client) sends for these parts."""
+    req = httpx.Request(
+        "POST", "http://x/", files=[("images", f) for f in files], data=data or None
+    )
+    return req.read(), req.headers["content-type"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.from_regex(r"[a-z0-9]{1,8}\.png", fullmatch=True), st.binary(max_size=300)),
+             min_size=1, max_size=5),
+    st.dictionaries(st.sampled_from(["top_k", "abstain_k", "vgmu_on"]), st.text(max_size=20)),
+)  # fmt: skip
+def test_files_and_fields_come_back_exactly(files: list[tuple[str, bytes]], data: dict[str, str]) -> None:  # fmt: skip
+    body, ctype = _encoded(files, data)
+    form = parse_form(body, ctype, max_files=5, max_fields=8)
+    assert form.files == files  # in order, byte for byte (CRLFs and dashes included)
+    assert form.fields == data
+
+
+def test_bytes_that_look_like_a_boundary_stay_inside_the_file() -> None:
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="images"; filename="a.png"\r\n\r\n'
+        b"x\r\n--c\r\n--b-y\r\n--b--\r\n"
+    )
+    form = parse_form(body, CT, max_files=2, max_fields=2)
+    assert form.files == [("a.png", b"x\r\n--c\r\n--b-y")]  # "--b-y" is not a delimiter
+
+
+def test_a_repeated_field_keeps_its_last_value() -> None:
+    part = b'--b\r\nContent-Disposition: form-data; name="top_k"\r\n\r\n%d\r\n'
+    body = part % 1 + part % 2 + b"--b--\r\n"
+    assert parse_form(body, CT, max_files=2, max_fields=2).fields == {"top_k": "2"}
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "error", "words"),
+    [
+        (b"--b--\r\n", "multipart/form-data", BadInput, "without a boundary"),
+        (b"garbage", CT, BadInput, "malformed multipart"),
+        (b"", CT, BadInput, "before its closing boundary"),
+        (b'--b\r\nContent-Disposition: form-data; name="top_k"\r\n\r\n2\r\n', CT, BadInput,
+         "before its closing boundary"),
+        (b"--b\r\nContent-Disposition: form-data\r\n\r\n2\r\n--b--\r\n", CT, BadInput, '"name"'),
+        (b'--b\r\nContent-Disposition: form-data; name="t"\r\n\r\n\xff\r\n--b--\r\n', CT, BadInput,
+         "UTF-8"),
+    ],
+)  # fmt: skip
+def test_malformed_bodies_are_400s_naming_the_problem(
+    body: bytes, ctype: str, error: type[ServiceError], words: str
+) -> None:
+    with pytest.raises(error) as info:
+        parse_form(body, ctype, max_files=2, max_fields=2)
+    assert words in info.value.message
+
+
+def test_limits_on_files_and_fields() -> None:
+    body, ctype = _encoded([("a.png", b"1"), ("b.png", b"2"), ("c.png", b"3")], {})
+    with pytest.raises(PayloadTooLarge, match="too many images: more than 2 files"):
+        parse_form(body, ctype, max_files=2, max_fields=8)
+    body, ctype = _encoded([("a.png", b"1")], {"top_k": "1", "abstain_k": "2", "vgmu_on": "q"})
+    with pytest.raises(BadInput, match="too many form fields: more than 2"):
+        parse_form(body, ctype, max_files=2, max_fields=2)
+    assert parse_form(body, ctype, max_files=1, max_fields=3).files == [("a.png", b"1")]
