@@ -46,6 +46,11 @@ class ScoreOptions:
     members: Members
     top_k: int
 
+    def __reduce__(self) -> tuple[type[ScoreOptions], tuple[float, str, int]]:
+        # Pickled as a constructor call: a server sends options with every request, and this
+        # unpickles in ~half the time of the default frozen-dataclass state restore.
+        return ScoreOptions, (self.abstain_k, self.members, self.top_k)
+
 
 def resolve_options(
     *,

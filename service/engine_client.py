@@ -262,11 +262,26 @@ class EngineClient:
 
 
 async def _wait(future: asyncio.Future[Any], timeout_s: float) -> Any:
+    """The engine's answer in ``future``, or a 504 once ``timeout_s`` has passed.
+
+    One timer per request, no wrapper: ``asyncio.wait_for(asyncio.shield(future))`` made a task-side
+    waiter and a second future per request (7 µs against 2.8 µs on the 2-core box). If the
+    awaiting request is cancelled (its client went away), so is ``future``; the engine's later
+    answer then only frees the request's region (:meth:`EngineClient._read_loop`).
+    """
+    timer = asyncio.get_running_loop().call_later(timeout_s, _expire, future, timeout_s)
+    try:
+        return await future
+    finally:
+        timer.cancel()
+
+
+def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
     from service.errors import DeadlineExceeded
 
-    try:
-        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-    except TimeoutError:
-        raise DeadlineExceeded(
-            f"the engine did not answer within {timeout_s:g}s; the request may still complete"
-        ) from None
+    if not future.done():
+        future.set_exception(
+            DeadlineExceeded(
+                f"the engine did not answer within {timeout_s:g}s; the request may still complete"
+            )
+        )

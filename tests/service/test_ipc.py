@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from service.ipc import MAX_FRAME, Outbox, encode, read_frame
+from models.serving import ScoreOptions
+from service.ipc import MAX_FRAME, InferRequest, Outbox, encode, read_frame
 
 Body = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -75,5 +76,24 @@ def test_an_oversized_frame_header_is_refused_before_reading_it() -> None:
         writer.write((MAX_FRAME + 1).to_bytes(4, "little"))
         with pytest.raises(ValueError, match="over the limit"):
             await read_frame(reader)
+
+    _over_a_socket(body)
+
+
+def test_an_infer_request_crosses_whole_and_its_options_still_group() -> None:
+    """InferRequest and ScoreOptions pickle as constructor calls: every field comes back, and the
+    options hash and compare like the sender's (they are the batcher's grouping key)."""
+    options = ScoreOptions(abstain_k=0.75, members="q", top_k=3)
+    sent = InferRequest(2, 4096, "uint8", (1, 1, 28, 28), options, 12.5)
+
+    async def body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(encode([("infer", 7, sent)]))
+        [(kind, request_id, got)] = await read_frame(reader)
+        assert (kind, request_id, got) == ("infer", 7, sent)
+        assert type(got) is InferRequest and type(got.options) is ScoreOptions
+        assert got.options == options and hash(got.options) == hash(options)
+        assert {got.options: "group"}[ScoreOptions(0.75, "q", 3)] == "group"
+        with pytest.raises(AttributeError):  # still frozen
+            got.options.top_k = 4  # type: ignore[misc]
 
     _over_a_socket(body)

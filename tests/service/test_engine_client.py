@@ -1,0 +1,50 @@
+"""EngineClient's wait for an answer: the answer, a 504 after the deadline, or nothing once the
+request is gone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from service.engine_client import _wait
+from service.errors import DeadlineExceeded
+
+
+def test_an_answer_in_time_is_returned_and_its_timer_never_fires() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        loop.call_later(0.01, future.set_result, "rows")
+        assert await _wait(future, 0.05) == "rows"
+        await asyncio.sleep(0.1)  # past the deadline: the cancelled timer left the future alone
+        assert future.result() == "rows"
+
+    asyncio.run(main())
+
+
+def test_no_answer_is_a_504_naming_the_wait() -> None:
+    async def main() -> None:
+        future = asyncio.get_running_loop().create_future()
+        with pytest.raises(DeadlineExceeded, match=r"did not answer within 0.05s"):
+            await _wait(future, 0.05)
+        # done, so the engine's late answer is dropped (EngineClient._read_loop checks done())
+        assert isinstance(future.exception(), DeadlineExceeded)
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_request_cancels_its_future() -> None:
+    """A client that goes away cancels its handler: the engine's later answer finds the future
+    done and only frees the region (EngineClient._read_loop)."""
+
+    async def main() -> None:
+        future = asyncio.get_running_loop().create_future()
+        waiter = asyncio.ensure_future(_wait(future, 5.0))
+        await asyncio.sleep(0.01)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert future.cancelled()
+
+    asyncio.run(main())
