@@ -89,3 +89,21 @@ def test_rejects_bad_k() -> None:
         VGN(num_classes=3, k=0.0)
     with pytest.raises(ValueError, match="one value per class"):
         VGN(num_classes=3, k=torch.ones(4))
+
+
+@pytest.mark.parametrize(
+    ("m", "c", "k"), [(1, 3, 0.7), (2, 3, 1e-12), (10, 10, 0.69), (20, 100, 3.0)]
+)
+def test_inference_answers_exactly_what_the_autograd_function_answers(
+    m: int, c: int, k: float
+) -> None:
+    """Without gradients, vgn skips the Function (and the intermediates only backward needs):
+    the gated members are bit-identical, and gradients still flow when they are asked for."""
+    p = random_members(6, m, c, sharp=5.0, seed=c).float()
+    k_t = torch.full((c,), k)
+    reference = VGNFunction.apply(p, k_t, 1e-8)
+    with torch.inference_mode():
+        assert torch.equal(vgn(p, k_t, 1e-8), reference)
+    with torch.no_grad():
+        assert torch.equal(vgn(p, k_t, 1e-8), reference)
+    assert vgn(p.requires_grad_(), k_t, 1e-8).grad_fn is not None
