@@ -21,12 +21,7 @@ from service.deps import ServiceState
 from service.engine_client import EngineClient
 from service.errors import install_error_handlers
 from service.metrics import Metrics
-from service.middleware import (
-    ArrivalMiddleware,
-    BodyLimitMiddleware,
-    DrainMiddleware,
-    RequestMetricsMiddleware,
-)
+from service.middleware import ServingMiddleware
 from service.reviews import ReviewStore
 from service.routes import health, jobs, models, predict, reviews, v2
 from service.settings import Settings
@@ -105,10 +100,7 @@ def create_app(settings: Settings, engine: EngineClient) -> FastAPI:
     state = ServiceState(settings, metrics, engine)
     app.state.service = state
     install_error_handlers(app)
-    app.add_middleware(ArrivalMiddleware, state=state)  # innermost: after the body limit
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_payload_bytes, metrics=metrics)
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
-    app.add_middleware(DrainMiddleware, state=state)
+    app.add_middleware(ServingMiddleware, state=state)  # body cap, metrics, drain, arrival
     for module in (health, predict, models, jobs, reviews, v2):
         app.include_router(module.router)
     app.include_router(reviews.page_router)

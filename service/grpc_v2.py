@@ -123,7 +123,7 @@ def make_servicer(state: ServiceState) -> Any:
 
         async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
             try:
-                with state.engine.arrival() as arrival:  # as ArrivalMiddleware does
+                with state.engine.arrival() as arrival:  # as ServingMiddleware does
                     arrival.start()  # the request is whole: gRPC hands it over complete
                     model = state.model(request.model_name)
                     if request.model_version and request.model_version != model.version:

@@ -1,7 +1,7 @@
 """``multipart/form-data`` request bodies → files and text fields, in memory.
 
 python-multipart's parser (what Starlette's ``request.form()`` uses) over a body that is already
-complete and capped (:class:`service.middleware.BodyLimitMiddleware`, ``VGE_MAX_PAYLOAD_BYTES``).
+complete and capped (:class:`service.middleware.ServingMiddleware`, ``VGE_MAX_PAYLOAD_BYTES``).
 Starlette's form API spools every file into a ``SpooledTemporaryFile`` behind an ``UploadFile``
 (built for uploads that may not fit in memory) and reads it back through ``await file.read()``;
 the images of a scoring request are small and go straight to the decoder, so here each part is

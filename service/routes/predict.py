@@ -89,7 +89,7 @@ async def _read_payload(
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     settings = state.settings
     if ctype == "multipart/form-data":
-        raw = await request.body()  # complete and capped (BodyLimitMiddleware)
+        raw = await request.body()  # complete and capped (ServingMiddleware)
         form = parse_form(
             raw, request.headers["content-type"], max_files=settings.max_images, max_fields=64
         )

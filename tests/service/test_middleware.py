@@ -1,4 +1,5 @@
-"""service/middleware.py in process: the arrival count that adaptive batching reads.
+"""service/middleware.py in process: the arrival count that adaptive batching reads, the body cap
+and the drain marker.
 
 A real :class:`~service.engine_client.EngineClient` over a real shared-memory arena, and a small
 ASGI app in place of the routes, so the count can be read at each step of a request.
@@ -14,8 +15,9 @@ import pytest
 
 from service.deps import ServiceState
 from service.engine_client import EngineClient
+from service.errors import PayloadTooLarge
 from service.metrics import Metrics
-from service.middleware import ArrivalMiddleware
+from service.middleware import ServingMiddleware
 from service.settings import Settings
 from service.shm import Arena, create_arena_file
 
@@ -29,8 +31,10 @@ def state(tmp_path: Path) -> ServiceState:
     )
 
 
-def _call(app: Any, path: str, chunks: list[bytes]) -> None:
-    """Run one POST through ``app`` with its body in ``chunks``; the inner app records the count."""
+def _call(
+    app: Any, path: str, chunks: list[bytes], headers: list[tuple[bytes, bytes]] | None = None
+) -> list[dict]:
+    """Run one POST through ``app`` with its body in ``chunks``; returns what it sent."""
     messages = [
         {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
         for i, c in enumerate(chunks)
@@ -39,11 +43,14 @@ def _call(app: Any, path: str, chunks: list[bytes]) -> None:
     async def receive() -> dict:
         return messages.pop(0)
 
-    async def send(message: dict) -> None:
-        pass
+    sent: list[dict] = []
 
-    scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers or []}
     asyncio.run(app(scope, receive, send))
+    return sent
 
 
 def test_a_request_counts_from_its_complete_body_until_it_ends(state: ServiceState) -> None:
@@ -56,7 +63,7 @@ def test_a_request_counts_from_its_complete_body_until_it_ends(state: ServiceSta
             seen.append(arena.arriving)  # part of the body
         seen.append(arena.arriving)  # the whole body: counted while parsed and decoded
 
-    app = ArrivalMiddleware(inner, state)
+    app = ServingMiddleware(inner, state)
     _call(app, "/v1/predict", [b"a", b"b", b"c"])
     assert seen == [0, 0, 0, 1]
     assert arena.arriving == 0  # the request ended: no longer counted
@@ -76,7 +83,7 @@ def test_sending_to_the_engine_ends_the_count_and_other_paths_never_count(
         _ARRIVAL.get().sent()  # what EngineClient.infer does right before it writes the request
         seen.append(arena.arriving)
 
-    app = ArrivalMiddleware(inner, state)
+    app = ServingMiddleware(inner, state)
     _call(app, "/v2/models/tiny/versions/1.0.0/infer", [b"{}"])
     assert seen == [1, 0]
     seen.clear()
@@ -85,8 +92,8 @@ def test_sending_to_the_engine_ends_the_count_and_other_paths_never_count(
         await receive()
         seen.append(arena.arriving)
 
-    _call(ArrivalMiddleware(other, state), "/v1/score", [b"{}"])
-    _call(ArrivalMiddleware(other, state), "/v1/models/promote", [b"{}"])
+    _call(ServingMiddleware(other, state), "/v1/score", [b"{}"])
+    _call(ServingMiddleware(other, state), "/v1/models/promote", [b"{}"])
     assert seen == [0, 0]
 
 
@@ -96,5 +103,47 @@ def test_a_failing_request_leaves_the_count_at_zero(state: ServiceState) -> None
         raise ValueError("decode failed")
 
     with pytest.raises(ValueError):
-        _call(ArrivalMiddleware(inner, state), "/v1/predict", [b"x"])
+        _call(ServingMiddleware(inner, state), "/v1/predict", [b"x"])
     assert state.engine.arena.arriving == 0
+
+
+async def _answer(scope: dict, receive: Any, send: Any) -> None:
+    """An inner app that reads the whole body and answers 200 with a keep-alive header."""
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"connection", b"keep-alive"), (b"x-a", b"1")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_while_draining_every_response_says_connection_close(state: ServiceState) -> None:
+    app = ServingMiddleware(_answer, state)
+    start = _call(app, "/v1/score", [b"{}"])[0]
+    assert start["headers"] == [(b"connection", b"keep-alive"), (b"x-a", b"1")]
+    state.draining = True
+    start = _call(app, "/v1/score", [b"{}"])[0]
+    assert start["status"] == 200
+    assert start["headers"] == [(b"x-a", b"1"), (b"connection", b"close")]  # replaced, not doubled
+
+
+def test_bodies_over_the_cap_are_refused_by_length_or_while_streaming(
+    state: ServiceState,
+) -> None:
+    cap = state.settings.max_payload_bytes
+    reached: list[bool] = []
+
+    async def inner(scope: dict, receive: Any, send: Any) -> None:
+        reached.append(True)
+        await _answer(scope, receive, send)
+
+    app = ServingMiddleware(inner, state)
+    declared = [(b"content-length", str(cap + 1).encode())]
+    start, body = _call(app, "/v1/predict", [b"x"], declared)
+    assert (start["status"], reached) == (413, [])  # refused before the app saw it
+    assert (b"connection", b"close") in start["headers"]
+    assert "exceeds the limit" in body["body"].decode()
+    assert state.engine.arena.arriving == 0
+    with pytest.raises(PayloadTooLarge, match="exceeds the limit"):  # the app's handler answers 413
+        _call(app, "/v1/predict", [b"x" * (cap // 2), b"x" * (cap // 2 + 1)])
+    assert state.engine.arena.arriving == 0
+    assert _call(app, "/v1/predict", [b"x" * (cap // 2), b"x" * (cap // 2)])[0]["status"] == 200
