@@ -16,6 +16,7 @@ import re
 import struct
 from concurrent.futures import Executor
 
+import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_image
 
@@ -109,10 +110,10 @@ def conform_one(
 
 
 def _decode_into(
-    data: bytes, index: int, out: torch.Tensor, channels: int, size: tuple[int, int],
+    data: bytes, index: int, out: np.ndarray, channels: int, size: tuple[int, int],
     settings: Settings,
 ) -> None:  # fmt: skip
-    out.copy_(conform_one(decode_one(data, index, settings), index, channels, size))
+    np.copyto(out, conform_one(decode_one(data, index, settings), index, channels, size).numpy())
 
 
 #: Payloads up to this many bytes are decoded on the event loop: a thread hop costs more than
@@ -122,7 +123,7 @@ INLINE_DECODE_BYTES = 64 * 1024
 
 async def decode_into(
     blobs: list[bytes],
-    out: torch.Tensor,
+    out: np.ndarray,
     settings: Settings,
     executor: Executor,
 ) -> None:

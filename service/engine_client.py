@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from models.serving import ScoreColumns, ScoreOptions
 from service.errors import NotReady, QueueFull
@@ -67,10 +66,10 @@ _ARRIVAL: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar(
 
 @dataclass
 class Region:
-    """An allocated arena region and a tensor view over it."""
+    """An allocated arena region and a NumPy array over it (no torch call on the request path)."""
 
     offset: int
-    tensor: torch.Tensor
+    array: np.ndarray
 
 
 class EngineClient:
@@ -202,16 +201,17 @@ class EngineClient:
             _ARRIVAL.reset(token)
             arrival.sent()
 
-    def allocate(self, dtype: torch.dtype, shape: tuple[int, ...]) -> Region:
-        """An arena region for a request tensor (503 when the arena is full)."""
-        offset = self.allocator.allocate(nbytes_of(dtype, shape))
+    def allocate(self, dtype: str, shape: tuple[int, ...]) -> Region:
+        """An arena region for a request's ``dtype`` (``"uint8"``, ``"float32"``) array of ``shape``
+        (503 when the arena is full)."""
+        offset = self.allocator.allocate(nbytes_of(np.dtype(dtype), shape))
         if offset is None:
             raise QueueFull(
                 "this front end's shared-memory arena is full (too many images in flight); "
                 "retry, or raise VGE_SHM_MB_PER_WORKER",
                 headers={"Retry-After": "1"},
             )
-        return Region(offset, self.arena.view(offset, dtype, shape))
+        return Region(offset, self.arena.array(offset, dtype, shape))
 
     def release(self, region: Region) -> None:
         """Free a region that was never handed to the engine (e.g. a decode error)."""
@@ -235,12 +235,12 @@ class EngineClient:
         self, model: ModelInfo, region: Region, options: ScoreOptions, timeout_s: float
     ) -> ScoreColumns:
         """Score the images in ``region``; the region belongs to the engine until it answers."""
-        t = region.tensor
+        a = region.array
         request = InferRequest(
             generation=model.generation,
             offset=region.offset,
-            dtype=str(t.dtype).removeprefix("torch."),
-            shape=tuple(t.shape),
+            dtype=str(a.dtype),
+            shape=a.shape,
             options=options,
             timeout_s=timeout_s,
         )

@@ -7,6 +7,7 @@ engine's packed score columns, which routes encode as /v1 JSON or V2 tensors.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from models.serving import ScoreColumns, ScoreOptions
@@ -41,9 +42,9 @@ async def predict_images(
 ) -> ScoreColumns:
     """Decode encoded images into shared memory and score them; one row per image."""
     assert state.decode_pool is not None
-    region = state.engine.allocate(torch.uint8, (len(blobs), *model.input_shape))
+    region = state.engine.allocate("uint8", (len(blobs), *model.input_shape))
     try:
-        await decode_into(blobs, region.tensor, state.settings, state.decode_pool)
+        await decode_into(blobs, region.array, state.settings, state.decode_pool)
     except BaseException:
         state.engine.release(region)
         raise
@@ -58,8 +59,8 @@ async def predict_tensor(
     timeout_s: float | None,
 ) -> ScoreColumns:
     """Score a ready tensor ``(n, Cin, H, W)``: uint8 conformed pixels or float32 model input."""
-    region = state.engine.allocate(x.dtype, tuple(x.shape))
-    region.tensor.copy_(x)
+    region = state.engine.allocate(str(x.dtype).removeprefix("torch."), tuple(x.shape))
+    np.copyto(region.array, x.numpy())
     return await _score(state, model, region, options, timeout_s)
 
 

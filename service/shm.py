@@ -27,7 +27,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
 
 #: Region alignment in bytes (float32 views need 4; 64 keeps regions on cache lines).
 ALIGN = 64
@@ -52,7 +51,7 @@ def create_arena_file(path: Path, size: int) -> None:
 
 
 class Arena:
-    """A shared file mapped read-write; :meth:`view` gives tensors over byte ranges of it."""
+    """A shared file mapped read-write; :meth:`array` gives NumPy arrays over byte ranges of it."""
 
     def __init__(self, path: str | Path, size: int) -> None:
         self.path = str(path)
@@ -62,7 +61,6 @@ class Arena:
             self._mm = mmap.mmap(fd, self.size)
         finally:
             os.close(fd)
-        self._bytes = torch.frombuffer(self._mm, dtype=torch.uint8)  # (size,), shares the mapping
         self._header = memoryview(self._mm)[:8].cast("q")  # (1,) int64: the arrival count
 
     @property
@@ -74,19 +72,15 @@ class Arena:
     def arriving(self, n: int) -> None:
         self._header[0] = n
 
-    def view(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """A tensor of ``dtype`` and ``shape`` over the bytes at ``offset`` (no copy)."""
-        nbytes = self._region(offset, nbytes_of(dtype, shape))
-        return self._bytes[offset : offset + nbytes].view(dtype).view(shape)
-
     def array(self, offset: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        """A numpy array of ``dtype`` and ``shape`` over the bytes at ``offset`` (no copy).
+        """A NumPy array of ``dtype`` and ``shape`` over the bytes at ``offset`` (no copy).
 
-        What the engine's event loop uses: numpy makes the view in ~0.5 µs without releasing the
-        GIL, where :meth:`view`'s three torch calls cost ~4 µs and each hands the GIL to the compute
-        thread, which may keep it for a whole switch interval. On an H100 host at 5,000 req/s
-        :meth:`view` took 17 % of the engine's CPU samples. The compute thread wraps the array
-        with ``torch.as_tensor`` (no copy). Each array keeps the mapping alive after :meth:`close`.
+        Both sides use it: a front end decodes into its region through one, the engine reads the
+        region through another, and the compute thread wraps it with ``torch.as_tensor`` (no
+        copy). NumPy makes the view in ~0.5 µs without releasing the GIL, where a torch view took
+        three torch calls (~4 µs), each handing the GIL to the engine's compute thread, which may
+        keep it for a whole switch interval: on an H100 host at 5,000 req/s the torch view took
+        17 % of the engine's CPU samples. Each array keeps the mapping alive after :meth:`close`.
         """
         dt = np.dtype(dtype)
         nbytes = self._region(offset, nbytes_of(dt, shape))
@@ -101,19 +95,17 @@ class Arena:
         return nbytes
 
     def close(self) -> None:
-        """Drop this arena's references to the mapping; it is unmapped once no tensor views it.
+        """Drop this arena's references to the mapping; it is unmapped once no array views it.
 
-        Never ``mmap.close()`` here: tensors from :meth:`view` do not pin the mapping against an
-        explicit close, and the engine closes a front end's arena when that front end goes away,
-        possibly while a batch holding views of it still computes (a read of unmapped memory
-        would kill the engine). Each view keeps the ``mmap`` object alive; the last one unmaps it.
+        Never ``mmap.close()`` here: the engine closes a front end's arena when that front end goes
+        away, possibly while a batch holding arrays of it still computes (a read of unmapped memory
+        would kill the engine). Each array keeps the ``mmap`` object alive; the last one unmaps it.
         """
-        del self._bytes
         self._header.release()
         del self._mm
 
 
-def nbytes_of(dtype: torch.dtype | np.dtype, shape: tuple[int, ...]) -> int:
+def nbytes_of(dtype: np.dtype, shape: tuple[int, ...]) -> int:
     """Bytes of a ``dtype`` array of ``shape``; a negative dimension is refused (numpy would read
     a negative count as "the rest of the buffer")."""
     if any(int(s) < 0 for s in shape):

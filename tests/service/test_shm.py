@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,35 +40,33 @@ def test_live_regions_never_overlap_and_everything_frees(ops: list[tuple[bool, i
     assert alloc.allocate(size) == 0  # fully coalesced again
 
 
-def test_arena_views_share_memory_across_mappings(tmp_path: Path) -> None:
+def test_arrays_share_memory_across_mappings(tmp_path: Path) -> None:
     path = tmp_path / "a.arena"
     create_arena_file(path, 1 << 16)
     writer, reader = Arena(path, 1 << 16), Arena(path, 1 << 16)
-    x = torch.arange(24, dtype=torch.float32).view(2, 3, 4)
-    writer.view(128, torch.float32, (2, 3, 4)).copy_(x)
-    assert torch.equal(reader.view(128, torch.float32, (2, 3, 4)), x)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    np.copyto(writer.array(128, "float32", (2, 3, 4)), x)
+    assert np.array_equal(reader.array(128, "float32", (2, 3, 4)), x)
     writer.close()
     reader.close()
 
 
-def test_engine_arrays_read_what_the_front_end_wrote_without_a_copy(tmp_path: Path) -> None:
-    """The engine reads requests as numpy arrays over the mapping (no torch call on its event
-    loop); ``torch.from_numpy`` of one is the front end's tensor, sharing its memory."""
-    import numpy as np
-    import pytest
-
+def test_the_engine_reads_what_the_front_end_wrote_without_a_copy(tmp_path: Path) -> None:
+    """Front end and engine each see the region as a NumPy array over their own mapping; the
+    compute thread's ``torch.as_tensor`` of the engine's array shares its memory."""
     path = tmp_path / "a.arena"
     create_arena_file(path, 1 << 16)
     writer, reader = Arena(path, 1 << 16), Arena(path, 1 << 16)
-    x = torch.arange(2 * 1 * 4 * 4, dtype=torch.uint8).view(2, 1, 4, 4)
-    writer.view(192, torch.uint8, (2, 1, 4, 4)).copy_(x)
+    x = np.arange(2 * 1 * 4 * 4, dtype=np.uint8).reshape(2, 1, 4, 4)
+    np.copyto(writer.array(192, "uint8", (2, 1, 4, 4)), x)
     arr = reader.array(192, "uint8", (2, 1, 4, 4))
     assert arr.dtype == np.uint8 and arr.shape == (2, 1, 4, 4)
-    assert torch.equal(torch.from_numpy(arr), x)
-    writer.view(192, torch.uint8, (1,)).fill_(255)  # a later write shows through: no copy
-    assert int(torch.from_numpy(arr)[0, 0, 0, 0]) == 255
+    t = torch.as_tensor(arr)
+    assert torch.equal(t, torch.from_numpy(x))
+    writer.array(192, "uint8", (1,))[0] = 255  # a later write shows through: no copy
+    assert int(t[0, 0, 0, 0]) == 255
     f = reader.array(256, "float32", (3,))
-    writer.view(256, torch.float32, (3,)).copy_(torch.tensor([0.5, 1.5, -2.0]))
+    np.copyto(writer.array(256, "float32", (3,)), [0.5, 1.5, -2.0])
     assert f.tolist() == [0.5, 1.5, -2.0]
     with pytest.raises(ValueError, match="outside the arena"):
         reader.array((1 << 16) - 8, "float32", (4,))
@@ -75,22 +76,18 @@ def test_engine_arrays_read_what_the_front_end_wrote_without_a_copy(tmp_path: Pa
         reader.array(192, "uint8", (-1, 1, 4, 4))
     writer.close()
     reader.close()  # the arrays keep the mapping: still readable (a batch may hold them)
-    import gc
-
     gc.collect()
-    assert torch.equal(torch.from_numpy(arr)[1], x[1]) and f.tolist() == [0.5, 1.5, -2.0]
+    assert np.array_equal(arr[1], x[1]) and f.tolist() == [0.5, 1.5, -2.0]
 
 
-def test_a_closed_arena_stays_readable_through_live_views(tmp_path: Path) -> None:
-    """The engine closes a departed front end's arena while a batch may still read views of it:
-    the mapping must outlive ``close`` until the last view is gone (an unmapped read is a crash)."""
-    import gc
-
+def test_a_closed_arena_stays_readable_through_live_arrays(tmp_path: Path) -> None:
+    """The engine closes a departed front end's arena while a batch may still read arrays of it:
+    the mapping must outlive ``close`` until the last array is gone (an unmapped read is a crash)."""
     path = tmp_path / "a.arena"
     create_arena_file(path, 1 << 16)
     arena = Arena(path, 1 << 16)
-    view = arena.view(HEADER, torch.int64, (4,))
-    view.copy_(torch.tensor([1, 2, 3, 4]))
+    view = arena.array(HEADER, "int64", (4,))
+    np.copyto(view, [1, 2, 3, 4])
     arena.close()
     del arena
     gc.collect()
