@@ -16,6 +16,7 @@ from service.errors import BadInput, InvalidValue
 from service.inference import predict_images, resolve_options
 from service.multipart import parse_form
 from service.reviews import ReviewPolicy, chosen_for_review, queue_answers
+from service.routes.direct import DirectRoute
 from service.routes.schemas import (
     PredictJSON,
     PredictOptions,
@@ -109,12 +110,6 @@ async def _read_payload(
     )
 
 
-@router.post(
-    "/predict",
-    response_class=Response,  # encoded here; the schema below documents it
-    responses={200: {"model": PredictResponse, "description": "One result per image."}},
-    openapi_extra=_BODY_DOC,
-)
 async def predict(request: Request) -> Response:
     """Predict one or many images: top-k probabilities, VGMU, SNR, TU/AU/EU and abstain.
 
@@ -144,6 +139,17 @@ async def predict(request: Request) -> Response:
         )  # fmt: skip
     body = {"model": model.name, "model_version": model.version, "results": records}
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
+
+
+router.add_api_route(
+    "/predict",
+    predict,
+    methods=["POST"],
+    route_class_override=DirectRoute,  # the request in, the Response out (routes/direct.py)
+    response_class=Response,  # encoded here; the schema below documents it
+    responses={200: {"model": PredictResponse, "description": "One result per image."}},
+    openapi_extra=_BODY_DOC,
+)
 
 
 def _review_policy(state: ServiceState, asked: str | None) -> ReviewPolicy:

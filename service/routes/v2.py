@@ -33,6 +33,7 @@ from service.deps import State, service_state
 from service.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.inference import predict_tensor, resolve_options
 from service.model_manager import ModelInfo
+from service.routes.direct import DirectRoute
 from service.routes.health import is_ready
 from service.routes.predict import parse_json
 from service.routes.schemas import error_responses
@@ -336,15 +337,26 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
     return _encode(response, tensors, _binary_wanted(body, wanted), names)
 
 
-@router.post("/models/{name}/infer", response_class=Response)
 async def model_infer(name: str, request: Request) -> Response:
     """Inference on an image batch."""
     state = service_state(request)  # not the State dependency: see service_state
     return await _infer(state.model(name), request, state)
 
 
-@router.post("/models/{name}/versions/{version}/infer", response_class=Response)
+# The request in, the Response out (routes/direct.py): the body is parsed and encoded by _infer.
+router.add_api_route(
+    "/models/{name}/infer", model_infer, methods=["POST"], response_class=Response,
+    route_class_override=DirectRoute,
+)  # fmt: skip
+
+
 async def model_version_infer(name: str, version: str, request: Request) -> Response:
     """Inference on an explicit model version."""
     state = service_state(request)
     return await _infer(_versioned(state, name, version), request, state)
+
+
+router.add_api_route(
+    "/models/{name}/versions/{version}/infer", model_version_infer, methods=["POST"],
+    response_class=Response, route_class_override=DirectRoute,
+)  # fmt: skip
