@@ -128,19 +128,33 @@ async def decode_into(
     executor: Executor,
 ) -> None:
     """Decode ``blobs`` into ``out`` (uint8 ``(n, Cin, H, W)``, an arena region): the model's
-    channels and size per image; normalisation happens batched on the engine's device."""
+    channels and size per image; normalisation happens batched on the engine's device.
+
+    Returns (or raises the first image's error) only once no decode thread writes into ``out``
+    any more, even when the request is cancelled meanwhile: the caller frees the region after
+    an error, and another request may be given it at once.
+    """
     channels, size = int(out.shape[1]), (int(out.shape[2]), int(out.shape[3]))
     if sum(len(b) for b in blobs) <= INLINE_DECODE_BYTES:
         for i, b in enumerate(blobs):
             _decode_into(b, i, out[i], channels, size, settings)
         return
     loop = asyncio.get_running_loop()
-    await asyncio.gather(
+    every = asyncio.gather(
         *(
             loop.run_in_executor(executor, _decode_into, b, i, out[i], channels, size, settings)
             for i, b in enumerate(blobs)
-        )
+        ),
+        return_exceptions=True,
     )
+    try:
+        results = await asyncio.shield(every)
+    except asyncio.CancelledError:
+        await every  # the threads still write into the region: it is freed only after them
+        raise
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 def check_count(n: int, settings: Settings) -> None:

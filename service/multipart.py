@@ -42,6 +42,7 @@ class _Collector:
         self._header_value: list[bytes] = []
         self._disposition = b""
         self._chunks: list[bytes] = []
+        self._field_parts = 0  # every text part, repeated names included
 
     def on_part_begin(self) -> None:
         self._disposition = b""
@@ -73,9 +74,11 @@ class _Collector:
                     f"too many images: more than {self.max_files} files in one request "
                     "(VGE_MAX_IMAGES); split the request"
                 )
-            self.form.files.append((_text(options[b"filename"]), data))
+            # The filename only ever appears in messages: undecodable bytes are replaced, not refused.
+            self.form.files.append((options[b"filename"].decode(errors="replace"), data))
             return
-        if len(self.form.fields) >= self.max_fields:
+        self._field_parts += 1
+        if self._field_parts > self.max_fields:
             raise BadInput(f"too many form fields: more than {self.max_fields}")
         self.form.fields[_text(name)] = _text(data)
 
@@ -84,15 +87,16 @@ def _text(raw: bytes) -> str:
     try:
         return raw.decode()
     except UnicodeDecodeError:
-        raise BadInput("a multipart field or filename is not valid UTF-8") from None
+        raise BadInput("a multipart field is not valid UTF-8") from None
 
 
 def parse_form(body: bytes, content_type: str, *, max_files: int, max_fields: int) -> Form:
     """Parse a complete ``multipart/form-data`` ``body`` sent with ``content_type``.
 
     Parts with a ``filename`` are files, others text fields (a repeated field keeps its last
-    value). Raises :class:`BadInput` for a missing boundary, a malformed or truncated body, or a
-    part without a name; :class:`PayloadTooLarge` beyond ``max_files`` files.
+    value; every text part counts towards ``max_fields``). Raises :class:`BadInput` for a missing
+    or over-long boundary, a malformed or truncated body, a part without a name, a text field that
+    is not UTF-8, or too many text parts; :class:`PayloadTooLarge` beyond ``max_files`` files.
     """
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
@@ -108,8 +112,8 @@ def parse_form(body: bytes, content_type: str, *, max_files: int, max_fields: in
         "on_header_value": c.on_header_value,
         "on_header_end": c.on_header_end,
     }
-    parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
     try:
+        parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]  (refuses long ones)
         parser.write(body)
         parser.finalize()
     except FormParserError as exc:

@@ -37,7 +37,8 @@ def fold_batchnorm(module: nn.Module) -> int:
 
     Only for inference: ``module`` must be in eval mode (``ValueError`` otherwise), and training
     it afterwards would train a different parametrisation. BatchNorms elsewhere (e.g. ResNet's
-    ``conv1``/``bn1`` attributes) are left as they are.
+    ``conv1``/``bn1`` attributes) are left as they are, and so are deep ensembles' members: their
+    weights are stacked for ``torch.func`` (``models.ensembles``), not submodules of ``module``.
     """
     if module.training:
         raise ValueError("fold_batchnorm needs a module in eval mode (call .eval() first)")

@@ -27,7 +27,7 @@ from models.uncertainty.validation import EPS
 
 
 def _gated(probs: Tensor, k: Tensor, eps: float) -> tuple[Tensor, ...]:
-    """VGN's forward pass (Section 4, SI S6): ``q = p ⊙ Γ / Z`` with ``Γ = 1 − e^{−p̄/(k s)}``.
+    """VGN's forward pass (paper Section 3.1, SI S6): ``q = p ⊙ Γ / Z``, ``Γ = 1 − e^{−p̄/(k s)}``.
 
     Returns ``q`` ``(B, M, C)`` and the intermediates the closed-form backward reuses:
     ``mean, std, s, inv_ks, neg_u, gate_raw, gate, inv_z``.

@@ -85,6 +85,8 @@ def test_an_infer_request_crosses_whole_and_its_options_still_group() -> None:
     options hash and compare like the sender's (they are the batcher's grouping key)."""
     options = ScoreOptions(abstain_k=0.75, members="q", top_k=3)
     sent = InferRequest(2, 4096, "uint8", (1, 1, 28, 28), options, 12.5)
+    assert sent.__reduce__() == (InferRequest, (2, 4096, "uint8", (1, 1, 28, 28), options, 12.5))
+    assert options.__reduce__() == (ScoreOptions, (0.75, "q", 3))
 
     async def body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(encode([("infer", 7, sent)]))

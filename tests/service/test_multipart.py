@@ -44,10 +44,20 @@ def test_bytes_that_look_like_a_boundary_stay_inside_the_file() -> None:
     assert form.files == [("a.png", b"x\r\n--c\r\n--b-y")]  # "--b-y" is not a delimiter
 
 
-def test_a_repeated_field_keeps_its_last_value() -> None:
+def test_a_repeated_field_keeps_its_last_value_and_every_part_counts() -> None:
     part = b'--b\r\nContent-Disposition: form-data; name="top_k"\r\n\r\n%d\r\n'
     body = part % 1 + part % 2 + b"--b--\r\n"
     assert parse_form(body, CT, max_files=2, max_fields=2).fields == {"top_k": "2"}
+    with pytest.raises(BadInput, match="too many form fields: more than 1"):
+        parse_form(body, CT, max_files=2, max_fields=1)
+
+
+def test_an_undecodable_filename_is_replaced_not_refused() -> None:
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="images"; filename="\xe9.png"\r\n\r\n'
+        b"png\r\n--b--\r\n"
+    )
+    assert parse_form(body, CT, max_files=1, max_fields=1).files == [("\ufffd.png", b"png")]
 
 
 @pytest.mark.parametrize(
@@ -61,6 +71,7 @@ def test_a_repeated_field_keeps_its_last_value() -> None:
         (b"--b\r\nContent-Disposition: form-data\r\n\r\n2\r\n--b--\r\n", CT, BadInput, '"name"'),
         (b'--b\r\nContent-Disposition: form-data; name="t"\r\n\r\n\xff\r\n--b--\r\n', CT, BadInput,
          "UTF-8"),
+        (b"--b--\r\n", "multipart/form-data; boundary=" + "x" * 300, BadInput, "Boundary length"),
     ],
 )  # fmt: skip
 def test_malformed_bodies_are_400s_naming_the_problem(

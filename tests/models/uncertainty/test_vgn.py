@@ -106,4 +106,6 @@ def test_inference_answers_exactly_what_the_autograd_function_answers(
         assert torch.equal(vgn(p, k_t, 1e-8), reference)
     with torch.no_grad():
         assert torch.equal(vgn(p, k_t, 1e-8), reference)
+    fast = vgn(p, k_t, 1e-8)  # gradients enabled, but nothing requires one
+    assert torch.equal(fast, reference) and fast.grad_fn is None
     assert vgn(p.requires_grad_(), k_t, 1e-8).grad_fn is not None
