@@ -1,9 +1,11 @@
-"""The model's forward pass on CPU, per image: NCHW weights against channels_last (NHWC) weights.
+"""The model's forward pass on CPU, per image: NCHW against channels_last (NHWC) weights, and the
+served module against the checkpoint's (BatchNorm not folded).
 
     python -m benchmarks.forward [--model NAME] [--threads 1 2] [--batches 1 8 32 64]
 
-The served model is loaded with :class:`models.predictor.Predictor` (which puts convolution
-weights in channels_last on CPU) and compared with a copy of its module in NCHW. Same inputs,
+The served model is loaded with :class:`models.predictor.Predictor` (which folds BatchNorm into
+the layer before it and puts convolution weights in channels_last on CPU) and compared with a copy
+of its module in NCHW, and with the checkpoint's module in channels_last without the fold. Same inputs,
 same intra-op threads; the median of ``torch.utils.benchmark``'s blocked autorange. Writes the
 section "Forward pass on CPU" of docs/benchmarks.md.
 """
@@ -18,6 +20,7 @@ from torch.utils import benchmark
 
 from benchmarks.peers import model_dir
 from benchmarks.report import write_section
+from models.checkpoint import load_checkpoint
 from models.predictor import Predictor
 
 
@@ -35,26 +38,36 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     args = parser.parse_args()
-    predictor = Predictor.from_dir(model_dir(args.model), "cpu")
-    served = predictor.module  # channels_last convolution weights
+    directory = model_dir(args.model)
+    predictor = Predictor.from_dir(directory, "cpu")
+    served = predictor.module  # BatchNorm folded, channels_last convolution weights
     nchw = copy.deepcopy(served).to(memory_format=torch.contiguous_format)
+    unfolded, _ = load_checkpoint(directory, torch.device("cpu"))
+    unfolded = unfolded.eval().to(memory_format=torch.channels_last)
     cin, (h, w) = predictor.card.in_channels, predictor.card.input_size
     gen = torch.Generator().manual_seed(0)
     rows = [
-        "| threads | batch | NCHW µs/image | channels_last µs/image | speed-up |",
-        "|---|---|---|---|---|",
+        "| threads | batch | NCHW µs/image | channels_last, not folded | served µs/image "
+        "| channels_last | fold |",
+        "|---|---|---|---|---|---|---|",
     ]
     for threads in args.threads:
         for b in args.batches:
             x = torch.randn(b, cin, h, w, generator=gen)
             base = _us_per_image(nchw, x, threads)
+            plain = _us_per_image(unfolded, x, threads)
             fast = _us_per_image(served, x, threads)
-            rows.append(f"| {threads} | {b} | {base:.0f} | {fast:.0f} | {base / fast:.2f}× |")
+            rows.append(
+                f"| {threads} | {b} | {base:.0f} | {plain:.0f} | {fast:.0f} | "
+                f"{base / fast:.2f}× | {plain / fast:.2f}× |"
+            )
             print(rows[-1], flush=True)
     body = "\n".join(rows) + (
-        f"\n\nModel: `{predictor.card.name}`. The served forward pass (channels_last weights, "
-        "`Predictor.from_dir` on CPU) against the same module with NCHW weights; both give the "
-        "same answers to float32 round-off."
+        f"\n\nModel: `{predictor.card.name}`. The served forward pass (`Predictor.from_dir` on "
+        "CPU: BatchNorm folded, channels_last weights) against the same module with NCHW weights "
+        "(column *channels_last*: the speed-up of the layout) and against the checkpoint's module "
+        "in channels_last without the fold (column *fold*). All give the same answers to float32 "
+        "round-off. Compare columns within a row: this box's speed drifts between runs."
     )
     cmd = "python -m benchmarks.forward" + (f" --model {args.model}" if args.model else "")
     write_section("Forward pass on CPU", cmd, body)
