@@ -21,7 +21,16 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.profile_serve import thread_cpu
-from benchmarks.serving import BOUNDARY, REPO, _pngs, batch_totals, multipart, targets, wrk
+from benchmarks.serving import (
+    BOUNDARY,
+    REPO,
+    _pngs,
+    batch_totals,
+    mean_batch,
+    multipart,
+    targets,
+    wrk,
+)
 
 
 def cpu_split(
@@ -73,12 +82,11 @@ def main(argv: list[str] | None = None) -> int:
                     url = t.url + t.path
                     wrk(url, body, ctype, "", args.conc, 2)  # warm-up
                     pid = t.proc.pid  # type: ignore[union-attr]
-                    images0, batches0 = batch_totals(t.url)
+                    totals = batch_totals(t.url)
                     before = thread_cpu(pid)
                     load = wrk(url, body, ctype, "", args.conc, args.seconds)
                     after = thread_cpu(pid)
-                    images, batches = batch_totals(t.url)
-                    batch = (images - images0) / (batches - batches0) if batches > batches0 else 0
+                    batch = mean_batch(totals, batch_totals(t.url))
                     row = {"req/s": load["rps"], "p99": load["p99"], "batch": batch}
                     row |= cpu_split(before, after, load["rps"] * args.seconds)
                 finally:

@@ -255,6 +255,12 @@ def batch_totals(url: str) -> tuple[float, float]:
     return metric(url, "vge_batch_size_sum"), metric(url, "vge_batch_size_count")
 
 
+def mean_batch(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Images per forward pass between two :func:`batch_totals` readings (0 without a pass)."""
+    passes = after[1] - before[1]
+    return (after[0] - before[0]) / passes if passes else 0.0
+
+
 def connection_spread(t: Target, conc: int, into: dict[str, dict[str, float]]) -> None:
     """Established connections per process of ``t`` (``ss``), sampled during a run at ``conc``
     connections: whether the kernel spreads them over every front end."""
@@ -480,9 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                                 spread.join()
                             batch = ""
                             if is_vge:  # images per forward pass during this level
-                                after = batch_totals(t.url)
-                                passes = after[1] - before[1]
-                                mean = (after[0] - before[0]) / passes if passes else 0.0
+                                mean = mean_batch(before, batch_totals(t.url))
                                 batches.setdefault((t.name, images, conc), []).append(mean)
                                 batch = f", mean batch {mean:.1f}"
                             results.setdefault((t.name, images, conc), []).append(res)

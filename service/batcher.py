@@ -216,8 +216,9 @@ class Batcher:
         timeout_s: float,
         answer: Answer,
     ) -> _Unit:
-        """Queue ``x`` (n, Cin, H, W), a tensor or a numpy array, for ``predictor``; ``answer`` gets its rows' packed score
-        columns, or :class:`DeadlineExceeded` (504) if its deadline passes while it is queued.
+        """Queue ``x`` (n, Cin, H, W), a tensor or a numpy array, for ``predictor``; ``answer``
+        gets its rows' packed score columns, or :class:`DeadlineExceeded` (504) if its deadline
+        passes while it is queued.
 
         Raises :class:`QueueFull` (503) at once when the request does not fit. No task or future
         per request: the engine's event loop handles every request's bookkeeping, and at

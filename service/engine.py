@@ -97,8 +97,8 @@ class Engine:
         s = self.settings
         print(
             f"vge serve: engine: model {current.info.name} {current.info.version} on "
-            f"{current.info.description['device']} (max batch {s.resolved_max_batch_size()}, max delay "
-            f"{s.max_queue_delay_ms:g} ms, queue {s.max_queue_length})",
+            f"{current.info.description['device']} (max batch {s.resolved_max_batch_size()}, "
+            f"max delay {s.max_queue_delay_ms:g} ms, queue {s.max_queue_length})",
             file=sys.stderr,
             flush=True,
         )

@@ -59,8 +59,9 @@ async def predict_tensor(
     timeout_s: float | None,
 ) -> ScoreColumns:
     """Score a ready tensor ``(n, Cin, H, W)``: uint8 conformed pixels or float32 model input."""
-    region = state.engine.allocate(str(x.dtype).removeprefix("torch."), tuple(x.shape))
-    np.copyto(region.array, x.numpy())
+    a = x.numpy()
+    region = state.engine.allocate(str(a.dtype), a.shape)
+    np.copyto(region.array, a)
     return await _score(state, model, region, options, timeout_s)
 
 

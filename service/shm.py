@@ -83,16 +83,12 @@ class Arena:
         17 % of the engine's CPU samples. Each array keeps the mapping alive after :meth:`close`.
         """
         dt = np.dtype(dtype)
-        nbytes = self._region(offset, nbytes_of(dt, shape))
-        return np.frombuffer(self._mm, dt, nbytes // dt.itemsize, offset).reshape(shape)
-
-    def _region(self, offset: int, nbytes: int) -> int:
-        """``nbytes``, after checking that ``[offset, offset + nbytes)`` lies in the arena."""
+        nbytes = nbytes_of(dt, shape)
         if offset < 0 or offset + nbytes > self.size:
             raise ValueError(
                 f"region [{offset}, {offset + nbytes}) outside the arena ({self.size})"
             )
-        return nbytes
+        return np.frombuffer(self._mm, dt, nbytes // dt.itemsize, offset).reshape(shape)
 
     def close(self) -> None:
         """Drop this arena's references to the mapping; it is unmapped once no array views it.
