@@ -10,6 +10,9 @@
   :class:`~models.serving.ScoreOptions` (the single place the default ``abstain_k`` is chosen);
   :meth:`Predictor.score_columns` computes the served decision on the device and copies one packed
   block back (:class:`~models.serving.ScoreColumns`); :meth:`Predictor.score` gives JSON-ready rows.
+  On CUDA the decision is one Triton kernel (:func:`models.kernels.decision.fused_decide`), checked
+  against :func:`models.serving.decide` when the predictor is built; elsewhere it is ``decide``
+  (compiled by :meth:`Predictor.compile`).
 
 One answer, one distribution (:func:`models.uncertainty.scoring.answer_members`): for VGN models the
 prediction, label, probabilities, VGMU/SNR, abstain and TU/AU/EU all come from the gated members
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,9 @@ from models.nets.fold import fold_batchnorm
 from models.serving import ScoreColumns, ScoreOptions, compile_decide, decide, resolve_options
 
 __all__ = ["Predictor", "bucket_sizes", "default_device"]
+
+#: ``(members (B, M, C), abstain_k, top_k) -> packed (B, 7 + 2n) float64``, see :func:`decide`.
+Decide = Callable[[Tensor, float, int], Tensor]
 
 
 def default_device() -> torch.device:
@@ -65,7 +72,12 @@ class Predictor:
         self.device = device
         self._mean = list(card.mean)
         self._std = list(card.std)
-        self._decide = decide
+        self._decide: Decide = decide
+        self._fused = False
+        if device.type == "cuda":
+            fused = fused_decision(device, card.num_classes, max(1, card.members))
+            if fused is not None:
+                self._decide, self._fused = fused, True
         self._compiled = False
         self._compiled_turn = threading.Lock()
 
@@ -196,7 +208,9 @@ class Predictor:
         members = out.q if options.members == "q" else out.p
         if members is None:
             raise ValueError("vgmu_on='q' needs a VGN model")
-        with torch.inference_mode(), self._turn():
+        # The fused kernel is plain Triton (thread-safe); only compiled torch code takes turns.
+        turn = contextlib.nullcontext() if self._fused else self._turn()
+        with torch.inference_mode(), turn:
             packed = self._decide(members.float(), options.abstain_k, options.top_k)
         return ScoreColumns.from_tensor(packed)  # the copy back: outside the turn
 
@@ -205,7 +219,7 @@ class Predictor:
 
         Batches are padded to power-of-two buckets (:meth:`run`, :func:`models.serving.compile_decide`):
         the forward pass is compiled with automatic dynamic batch sizes (a few compilations cover
-        every bucket), the decision once per bucket. Compiles now for the ``warm_up`` batch sizes
+        every bucket), the decision once per bucket (unless it is already the fused kernel). Compiles now for the ``warm_up`` batch sizes
         (see :func:`bucket_sizes`); falls back to eager execution, with a warning, when compilation
         fails. Returns whether it compiled.
         """
@@ -222,7 +236,8 @@ class Predictor:
             # per thread, and a server compiles on a loader thread and serves on its compute
             # thread (on an H100, mode="reduce-overhead" failed to compile on a worker thread).
             self.module = torch.compile(eager_module)
-            self._decide = compile_decide(bucketed=True)
+            if not self._fused:
+                self._decide = compile_decide(bucketed=True)
             self._compiled = True
             c, h, w = self.card.in_channels, *self.card.input_size
             for n in warm_up:
@@ -247,3 +262,32 @@ class Predictor:
         predicted class."""
         opts = self.options(abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=top_k)
         return self.score_columns(out, opts).records(self.card.class_names, opts.abstain_k)
+
+
+def fused_decision(device: torch.device, num_classes: int, num_members: int) -> Decide | None:
+    """The fused decision kernel for a model on ``device``, or None where it does not apply.
+
+    None off CUDA, without Triton, or beyond the kernel's class limit; also, with a warning, when the
+    kernel fails to build or disagrees with :func:`models.serving.decide` on a random batch of this
+    model's shape (checked once, here: a server then runs the torch decision rather than stop).
+    """
+    from models.kernels import decision as kernel
+
+    probe = torch.softmax(
+        torch.randn((8, num_members, num_classes), generator=torch.Generator().manual_seed(0)), -1
+    ).to(device)
+    if not kernel.supports(probe):
+        return None
+    try:
+        got = kernel.fused_decide(probe, 1.0, num_classes)
+        want = decide(probe, 1.0, num_classes)
+        agree = bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
+    except Exception as exc:  # noqa: BLE001 - any build or launch failure means "use torch"
+        warnings.warn(f"fused decision kernel unavailable, using torch: {exc}", stacklevel=2)
+        return None
+    if not agree:
+        warnings.warn(
+            "fused decision kernel disagrees with models.serving.decide; using torch", stacklevel=2
+        )
+        return None
+    return kernel.fused_decide

@@ -1,0 +1,1 @@
+"""Fused GPU kernels for the serving hot path (Triton), each with a tested CPU reference."""

@@ -1,0 +1,183 @@
+"""The served decision as one Triton kernel: one read of the members, one launch per batch.
+
+:func:`models.serving.decide` is ~60 GPU operations eager and 17 compiled (docs/benchmarks.md,
+"Served decision (cuda)"); at the batch sizes a server runs (B ≈ 128) each costs a launch, so the
+decision was launch-bound at ~2.2 µs/sample against a memory-read floor of ~0.2.
+:func:`fused_decide` computes the same packed block — prediction, abstain, VGMU, SNR (Section
+3.2), TU, AU, EU (Section 3.3), and the top-k classes of the mean with their probabilities — in a
+single kernel, one program per sample:
+
+* one pass over the sample's ``(M, C)`` members in tiles of ``BLOCK_M`` members: the per-class
+  mean ``p̄`` and sum of squared deviations ``Σ_m (p_m − p̄)²`` merged tile by tile (Chan et al.'s
+  parallel update, as accurate as torch's two-pass std), and ``Σ_m H(p_m)`` for AU;
+* then, in registers: ``s = sqrt(M2/(M−1)) + ε`` (0 + ε when ``M = 1``), the top-2 of ``p̄`` and
+  their spreads, ``SNR = (p̄1 − p̄2)/(s1 + s2 + ε)``, ``VGMU = 1 − (1 − e^{−SNR}) p̄1``,
+  ``abstain = ¬(p̄1 − k s1 > p̄2 + k s2)``, ``TU = H(p̄)/log C``, ``AU = min(mean_m H(p_m)/log C, TU)``
+  (both clamped to [0, 1]), ``EU = TU − AU``;
+* the top-k by repeated argmax (ties to the lowest class, like the stable sort of
+  :func:`models.serving.decision_core` and the argmax that predicts), written straight into the
+  ``(B, 7 + 2n)`` float64 block.
+
+Entropies use ``0 log 0 = 0``, like ``torch.special.entr`` on probabilities. The kernel holds one
+``C``-vector per statistic in registers, so it serves ``C ≤`` :data:`MAX_CLASSES`; beyond that
+(and without Triton, or off CUDA) callers use :func:`models.serving.decide` or its compiled form.
+
+On a CPU the same kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``): that is how CI,
+which has no GPU, checks it against :func:`models.serving.decide`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from models.uncertainty.margin import check_abstain_k
+from models.uncertainty.validation import EPS
+
+try:  # Triton ships with torch's CUDA builds on Linux; without it callers use the torch path
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - every supported install has it
+    triton = None
+
+#: Largest class count the kernel serves (one ``BLOCK_C``-wide vector per statistic in registers).
+MAX_CLASSES = 8192
+#: Member tile: ``BLOCK_M × BLOCK_C`` elements per load, at most this many.
+_TILE = 16384
+
+
+def _decision_kernel(
+    x_ptr,  # (B, M, C) float32, last dim contiguous
+    out_ptr,  # (B, 7 + 2n) float64, contiguous
+    M,
+    C,
+    stride_b,
+    stride_m,
+    n_top,
+    abstain_k,
+    eps,
+    inv_log_c,
+    BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    rows = tl.arange(0, BLOCK_M)
+    base = x_ptr + b * stride_b
+    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    ent = tl.zeros([BLOCK_M], dtype=tl.float32)  # Σ_m H(p_m), per tile row
+    seen = 0.0
+    for m0 in range(0, M, BLOCK_M):
+        r = m0 + rows
+        mask = (r < M)[:, None] & cmask[None, :]
+        x = tl.load(base + r[:, None] * stride_m + cols[None, :], mask=mask, other=0.0)
+        nb = tl.minimum(M - m0, BLOCK_M).to(tl.float32)  # members in this tile
+        t_mean = tl.sum(x, axis=0) / nb  # (BLOCK_C,)
+        d = tl.where(mask, x - t_mean[None, :], 0.0)
+        t_m2 = tl.sum(d * d, axis=0)
+        total = seen + nb
+        delta = t_mean - mean
+        mean = mean + delta * (nb / total)
+        m2 = m2 + t_m2 + delta * delta * (seen * nb / total)
+        seen = total
+        ent += tl.sum(tl.where(x > 0.0, -x * tl.log(x), 0.0), axis=1)
+    # Spreads s = std + ε (std := 0 for one member), as models.uncertainty.moments.
+    m_minus_1 = tl.maximum(seen - 1.0, 1.0)
+    std = tl.where(seen > 1.0, tl.sqrt(m2 / m_minus_1), 0.0)
+    s = std + eps
+    # Top-2 of the mean (ties to the lowest class) and their spreads (Section 3.2).
+    neg_inf = float("-inf")
+    work = tl.where(cmask, mean, neg_inf)
+    p1 = tl.max(work, axis=0)
+    i1 = tl.argmax(work, axis=0, tie_break_left=True)
+    s1 = tl.sum(tl.where(cols == i1, s, 0.0), axis=0)
+    rest = tl.where(cols == i1, neg_inf, work)
+    p2 = tl.max(rest, axis=0)
+    i2 = tl.argmax(rest, axis=0, tie_break_left=True)
+    s2 = tl.sum(tl.where(cols == i2, s, 0.0), axis=0)
+    snr = (p1 - p2) / (s1 + s2 + eps)
+    # 1 − e^{−SNR}, accurate near 0 (where 1 − exp loses digits): the series to third order.
+    gate = tl.where(snr < 1e-3, snr * (1.0 - snr * 0.5 * (1.0 - snr / 3.0)), 1.0 - tl.exp(-snr))
+    vgmu = 1.0 - gate * p1
+    abstain = tl.where(p1 - abstain_k * s1 > p2 + abstain_k * s2, 0.0, 1.0)
+    # TU/AU/EU in units of log C (Section 3.3).
+    tu = tl.sum(tl.where(work > 0.0, -work * tl.log(work), 0.0), axis=0) * inv_log_c
+    au = tl.sum(ent, axis=0) / seen * inv_log_c
+    tu = tl.minimum(tl.maximum(tu, 0.0), 1.0)
+    au = tl.minimum(tl.minimum(tl.maximum(au, 0.0), 1.0), tu)
+    row = out_ptr + b * (7 + 2 * n_top)
+    tl.store(row + 0, i1.to(tl.float64))
+    tl.store(row + 1, abstain.to(tl.float64))
+    tl.store(row + 2, vgmu.to(tl.float64))
+    tl.store(row + 3, snr.to(tl.float64))
+    tl.store(row + 4, tu.to(tl.float64))
+    tl.store(row + 5, au.to(tl.float64))
+    tl.store(row + 6, (tu - au).to(tl.float64))
+    for j in range(n_top):  # the top-k of the mean, most probable first
+        p = tl.max(work, axis=0)
+        i = tl.argmax(work, axis=0, tie_break_left=True)
+        tl.store(row + 7 + j, i.to(tl.float64))
+        tl.store(row + 7 + n_top + j, p.to(tl.float64))
+        work = tl.where(cols == i, neg_inf, work)
+
+
+if triton is not None:
+    # Sizes and the top-k count vary per batch and per request: one compiled kernel serves them all.
+    _decision_kernel = triton.jit(
+        _decision_kernel, do_not_specialize=["M", "C", "stride_b", "stride_m", "n_top"]
+    )
+
+
+def supports(members: Tensor) -> bool:
+    """Whether :func:`fused_decide` serves ``members`` ``(B, M, C)``: a CUDA tensor, Triton present,
+    ``2 ≤ C ≤`` :data:`MAX_CLASSES`."""
+    return (
+        triton is not None
+        and members.device.type == "cuda"
+        and members.dim() == 3
+        and 2 <= members.shape[-1] <= MAX_CLASSES
+    )
+
+
+def fused_decide(
+    members: Tensor,
+    abstain_k: float,
+    top_k: int,
+    *,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+) -> Tensor:
+    """:func:`models.serving.decide` in one kernel launch: members ``(B, M, C)`` -> the packed
+    ``(B, 7 + 2n)`` float64 block, ``n = min(top_k, C)``, on the members' device.
+
+    CUDA tensors (see :func:`supports`); CPU tensors only under Triton's interpreter
+    (``TRITON_INTERPRET=1`` before Triton is imported), which is how CI checks the kernel.
+    ``block_m`` (members per tile, a power of two) and ``num_warps`` override the launch
+    configuration chosen from the shape (``benchmarks.decision`` sweeps them).
+    """
+    if triton is None:
+        raise RuntimeError("fused_decide needs Triton (it ships with torch's CUDA builds)")
+    check_abstain_k(abstain_k)
+    b, m, c = members.shape
+    n = max(1, min(int(top_k), c))
+    x = members if members.dtype == torch.float32 else members.float()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if m < 1 or not 2 <= c <= MAX_CLASSES:
+        raise ValueError(f"fused_decide needs M >= 1 and 2 <= C <= {MAX_CLASSES}; got {m} and {c}")
+    out = torch.empty((b, 7 + 2 * n), dtype=torch.float64, device=x.device)
+    if b == 0:
+        return out
+    block_c = 1 << max(0, c - 1).bit_length()
+    if block_m is None:
+        block_m = max(1, min(1 << max(0, m - 1).bit_length(), _TILE // block_c))
+    warps = num_warps or max(1, min(16, block_m * block_c // 1024))
+    _decision_kernel[(b,)](
+        x, out, m, c, x.stride(0), x.stride(1), n, float(abstain_k), EPS, 1.0 / math.log(c),
+        BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,89 @@
+"""The fused decision kernel (models/kernels/decision.py) against models.serving.decide.
+
+CI has no GPU: the kernel runs under Triton's interpreter in a child process
+(``interpret_decision.py``); tests/gpu/test_fused_decision.py runs it compiled on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.kernels import decision as kernel
+from models.serving import FIXED_COLUMNS, decide
+from tests.models.kernels.interpret_decision import cases
+
+pytestmark = pytest.mark.skipif(kernel.triton is None, reason="needs Triton")
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    out = tmp_path_factory.mktemp("kernel") / "fused.npz"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    subprocess.run(
+        [sys.executable, "-m", "tests.models.kernels.interpret_decision", str(out)],
+        cwd=ROOT, env=env, check=True, timeout=300,
+    )  # fmt: skip
+    with np.load(out) as saved:
+        return dict(saved)
+
+
+@pytest.mark.parametrize("i", range(len(cases())), ids=[c[0] for c in cases()])
+def test_fused_kernel_matches_decide(interpreted: dict[str, np.ndarray], i: int) -> None:
+    name, members, k, top_k, _ = cases()[i]
+    want = decide(members.float(), k, top_k).numpy()
+    got = interpreted[f"case{i}"]
+    assert got.shape == want.shape
+    f = len(FIXED_COLUMNS)
+    n = (want.shape[1] - f) // 2
+    # Classes and decisions exactly (prediction, abstain, the top-k order with ties to the
+    # lowest class); scores to float32 round-off.
+    np.testing.assert_array_equal(got[:, :2], want[:, :2], err_msg=name)
+    np.testing.assert_array_equal(got[:, f : f + n], want[:, f : f + n], err_msg=name)
+    # Near-uniform members: SNR's p̄1 − p̄2 and EU = TU − AU cancel, so float32 round-off in the
+    # means (summed in another order) shows at ~1e-5 relative there.
+    rtol, atol = (1e-3, 1e-5) if name == "flat members" else (1e-5, 1e-6)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
+
+
+def test_ties_list_the_lowest_class_first(interpreted: dict[str, np.ndarray]) -> None:
+    i = [c[0] for c in cases()].index("ties")
+    got = interpreted[f"case{i}"]
+    f = len(FIXED_COLUMNS)
+    assert (got[:, 0] == 1).all()  # classes 1 and 3 tie for the top: predict 1
+    assert (got[:, f : f + 2] == [1, 3]).all()
+
+
+def test_one_hot_members_give_full_epistemic_uncertainty(
+    interpreted: dict[str, np.ndarray],
+) -> None:
+    i = [c[0] for c in cases()].index("one-hot")
+    tu, au, eu = (interpreted[f"case{i}"][:, FIXED_COLUMNS.index(c)] for c in ("tu", "au", "eu"))
+    np.testing.assert_allclose(tu, 1.0, rtol=1e-6)
+    np.testing.assert_allclose(au, 0.0, atol=1e-7)
+    np.testing.assert_allclose(eu, 1.0, rtol=1e-6)
+
+
+def test_shapes_the_kernel_does_not_serve_are_refused() -> None:
+    x = torch.ones(2, 3, 1)
+    assert not kernel.supports(x)  # CPU tensor, and one class
+    with pytest.raises(ValueError, match="2 <= C"):
+        kernel.fused_decide(x, 1.0, 1)
+    with pytest.raises(ValueError, match="2 <= C"):
+        kernel.fused_decide(torch.ones(2, 3, kernel.MAX_CLASSES + 1), 1.0, 1)
+    with pytest.raises(ValueError, match="abstain_k"):
+        kernel.fused_decide(torch.ones(2, 3, 4) / 4, -1.0, 1)
+
+
+def test_predictor_off_cuda_uses_the_torch_decision() -> None:
+    from models.predictor import fused_decision
+
+    assert fused_decision(torch.device("cpu"), 10, 5) is None
