@@ -15,7 +15,10 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu.log") 2>&1
 # GPU_STEPS picks steps (default all): tests decision serving profile cpu, e.g.
 #   GPU_STEPS="tests serving" GPU_TESTS=tests/gpu bash benchmarks/gpu.sh
+# GPU_TARGETS: the servers of the serving step (benchmarks.serving --targets; "vge@KEY=VALUE,..."
+# runs vge with VGE_ settings).
 STEPS=" ${GPU_STEPS:-tests decision serving profile cpu} "
+TARGETS=${GPU_TARGETS:-vge vge-overlap litserve-scaled}
 want() { [[ $STEPS == *" $1 "* ]]; }
 step() { echo; echo "=== $* ($(date +%T))"; }
 save() { cp docs/benchmarks.md "$OUT/benchmarks.md"; }
@@ -44,18 +47,20 @@ timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:logging $xdist \
 }
 want decision && {
 step served decision kernels
-timeout 60 $PY -m benchmarks.decision --device cuda --compile; save
+timeout 100 $PY -m benchmarks.decision --device cuda --compile; save
 }
 want serving && {
-step "vge on CUDA beside LitServe scaled out (2 workers, 8 API servers)"
-timeout 270 $PY -m benchmarks.serving --targets vge vge-overlap litserve-scaled --vge-device cuda \
+step "vge on CUDA ($TARGETS; LitServe scaled out: 2 workers, 8 API servers)"
+# shellcheck disable=SC2086 # TARGETS is a list
+timeout 270 $PY -m benchmarks.serving --targets $TARGETS --vge-device cuda \
   --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
   --duration 3 --section "GPU host"; save
 }
 want profile && {
 step "where vge's CPU goes on CUDA at c=256 (py-spy)"
 command -v py-spy >/dev/null &&
-  timeout 75 $PY -m benchmarks.profile_serve --device cuda --conc 256 --seconds 4
+  timeout 75 $PY -m benchmarks.profile_serve --device cuda --conc 256 --seconds 4 \
+    --raw "$OUT/profile-raw.txt"
 }
 want cpu && {
 step "vge on the same host's CPU"

@@ -67,9 +67,11 @@ def cpu_per_request(
 
 
 def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
-    """py-spy's raw samples -> per process: busy cores and the ``top`` frames by inclusive share."""
+    """py-spy's raw samples -> per process: busy cores, the ``top`` frames by inclusive share, and
+    the ``top`` innermost frames (where the time was actually spent)."""
     busy: collections.Counter[str] = collections.Counter()
     frames: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    leaves: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         parts = stack.split(";")
@@ -82,6 +84,7 @@ def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
         if "select" in parts[-1] or "epoll" in parts[-1]:  # waiting, not working
             continue
         busy[proc] += int(count)
+        leaves[proc][parts[-1]] += int(count)
         for frame in set(parts):
             if not frame.startswith("process ") and not any(g in frame for g in _PLUMBING):
                 frames[proc][frame] += int(count)
@@ -89,6 +92,9 @@ def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
     for proc, n in busy.most_common():
         lines.append(f"{proc[:90]}: {n / (seconds * rate):.2f} cores busy")
         for frame, m in sorted(frames[proc].items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
+            lines.append(f"    {100 * m / n:5.1f}%  {frame[:120]}")
+        lines.append("  where the samples were (innermost frame):")
+        for frame, m in sorted(leaves[proc].items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
             lines.append(f"    {100 * m / n:5.1f}%  {frame[:120]}")
     return "\n".join(lines)
 

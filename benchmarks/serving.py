@@ -12,6 +12,7 @@ score of 64-image batches in one process, no HTTP.
     python -m benchmarks.serving --targets vge:lenet5-lle-vgn-mnist pytriton:lenet5-lle-vgn-mnist
                                       # <server>:<model>: any zoo model behind any server
     python -m benchmarks.serving --targets vge vge-overlap   # VGE_BATCHES_IN_FLIGHT 1 vs 2
+    python -m benchmarks.serving --targets vge vge@MAX_BATCH_SIZE=1024  # any VGE_ settings
 
 Peers are benchmark-only (never runtime dependencies): LitServe from PyPI in this venv
 (``pip install litserve``); PyTriton 0.7 in its own Python 3.11 venv with ``numpy<2``, given by
@@ -157,6 +158,13 @@ def targets(
         model_env = {"VGE_MODEL_DIR": model} if model else {}
         if server == "vge-overlap":  # vge with two batches computing at once
             server, model_env = "vge", {**model_env, "VGE_BATCHES_IN_FLIGHT": "2"}
+        if server.startswith("vge@"):  # "vge@MAX_BATCH_SIZE=1024,BATCHES_IN_FLIGHT=2": settings
+            server, _, overrides = server.partition("@")
+            for pair in filter(None, overrides.split(",")):
+                key, eq, value = pair.partition("=")
+                if not eq:
+                    raise SystemExit(f"target {name!r}: settings are KEY=VALUE, got {pair!r}")
+                model_env["VGE_" + key.upper().removeprefix("VGE_")] = value
         if server == "vge":
             env = {**base, "VGE_HOST": "127.0.0.1", "VGE_PORT": str(port), "VGE_DEVICE": vge_device,
                    "VGE_LOG_LEVEL": "warning", "VGE_JOBS_DB_URL": f"sqlite:///{workdir}/jobs.db",

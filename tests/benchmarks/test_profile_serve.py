@@ -31,6 +31,10 @@ def test_summarise_names_roles_counts_busy_cores_and_drops_waiting(tmp_path: Pat
     assert not any("spawn_main" in line or "select" in line for line in lines)
     front = lines.index("front end 12: 0.20 cores busy")
     assert "100.0%  RequestResponseCycle.run_asgi" in lines[front + 1]
+    # Innermost frames: where the engine's time went, not the frames it passed through.
+    leaves = lines[lines.index("  where the samples were (innermost frame):") + 1 : front]
+    assert [line.split("%")[0].strip() for line in leaves] == ["75.0", "25.0"]
+    assert "Module._call_impl" in leaves[0] and "Engine._infer" in leaves[1]
 
 
 def test_cpu_per_request_divides_each_threads_cpu_by_the_requests() -> None:
