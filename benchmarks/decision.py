@@ -5,7 +5,8 @@
 B = 128 and 4096, M = 100, C = 1000, float32, eager and (with ``--compile``) compiled as a served
 engine compiles it (:func:`models.serving.compile_decide`); on CUDA also the fused Triton kernel a
 GPU engine serves (:func:`models.kernels.decision.fused_decide`), with its launch configuration
-chosen from the shape and the best of a small sweep of tile heights and warps;
+chosen from the shape and the device, the best of a small sweep of tile heights, warps and member
+slices per sample, and its host time per call (launches only: is it launch- or GPU-bound?);
 beside it the memory-read floor: the time to read the ``(B, M, C)`` members once (``sum``).
 Writes the section "Served decision" of docs/benchmarks.md.
 """
@@ -21,8 +22,9 @@ from benchmarks.report import write_section
 from models.kernels import decision as kernel
 from models.serving import compile_decide, decide
 
-#: (members per tile, warps) tried for the fused kernel, beside the configuration it picks itself.
-SWEEP = ((4, 4), (8, 4), (8, 8), (16, 8), (16, 16), (32, 16))
+#: (members per tile, warps, member slices per sample) tried for the fused kernel, beside the
+#: configuration it picks itself.
+SWEEP = ((16, 16, 1), (8, 8, 1), (16, 16, 2), (8, 8, 2), (8, 8, 4), (8, 4, 4), (4, 4, 8))
 
 
 def _us_per_sample(fn, x: torch.Tensor) -> float:  # noqa: ANN001
@@ -65,6 +67,46 @@ def _graph_us_per_sample(fn, x: torch.Tensor) -> float:  # noqa: ANN001
     return _us_per_sample(lambda _: graph.replay(), x)
 
 
+def _host_us_per_call(fn, x: torch.Tensor, calls: int = 200) -> float:  # noqa: ANN001
+    """Host µs per call of ``fn(x)`` with no synchronisation: the launch cost alone, as long as
+    the GPU's queue does not fill (compare with the synchronised time per call)."""
+    import time
+
+    fn(x)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return host * 1e6 / calls
+
+
+def _fused_row(x: torch.Tensor, want: torch.Tensor) -> tuple[float, str, str, int | None]:
+    """The fused kernel on ``x``: µs/sample with its own launch configuration, the best of
+    :data:`SWEEP`, host µs per call, GPU operations; every configuration checked against ``want``."""
+    b = x.shape[0]
+    fused = _us_per_sample(lambda t: kernel.fused_decide(t, 1.0, 5), x)
+    host = _host_us_per_call(lambda t: kernel.fused_decide(t, 1.0, 5), x)
+    ops = _gpu_ops(lambda t: kernel.fused_decide(t, 1.0, 5), x)
+    print(f"  fused B={b} default: {fused:.3f} µs/sample, host {host:.1f} µs/call "
+          f"(synchronised {fused * b:.1f})", flush=True)  # fmt: skip
+    timed = {}
+    for tile, warps, splits in SWEEP:
+        run = lambda t, c=(tile, warps, splits): kernel.fused_decide(  # noqa: E731
+            t, 1.0, 5, block_m=c[0], num_warps=c[1], splits=c[2]
+        )
+        try:
+            torch.testing.assert_close(run(x), want, rtol=1e-5, atol=1e-6)
+        except AssertionError as exc:  # report, keep measuring the others
+            print(f"  fused B={b} {(tile, warps, splits)}: WRONG ANSWER {exc}", flush=True)
+            continue
+        timed[(tile, warps, splits)] = t = _us_per_sample(run, x)
+        print(f"  fused B={b} tile={tile} warps={warps} splits={splits}: {t:.3f}", flush=True)
+    (tile, warps, splits), t_best = min(timed.items(), key=lambda kv: kv[1])
+    return fused, f"{t_best:.3f} ({tile}, {warps}, {splits})", f"{host:.1f}", ops
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.decision")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -73,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dev = torch.device(args.device)
     rows = ["| B | M | C | read floor µs/sample | decide eager | decide compiled | compiled, one CUDA graph "
-            "| fused kernel | fused, best of sweep (tile, warps) | fused / floor | GPU ops eager / compiled / fused |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+            "| fused kernel | fused, best of sweep (tile, warps, slices) | fused host µs/call | fused / floor "
+            "| GPU ops eager / compiled / fused |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     compiled = compile_decide() if args.compile else None  # what a compiled engine runs
     for b in (128, 4096):
         m, c = 100, 1000
@@ -87,27 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         graph = _graph_us_per_sample(lambda t: compiled(t, 1.0, 5), x) if compiled else nan
         ops_e = _gpu_ops(lambda t: decide(t, 1.0, 5), x)
         ops_c = _gpu_ops(lambda t: compiled(t, 1.0, 5), x) if compiled else None
-        fused, best, ops_f = nan, "–", None
+        fused, best, host, ops_f = nan, "–", "–", None
         if kernel.supports(x):
             want = decide(x, 1.0, 5)
             torch.testing.assert_close(kernel.fused_decide(x, 1.0, 5), want, rtol=1e-5, atol=1e-6)
-            fused = _us_per_sample(lambda t: kernel.fused_decide(t, 1.0, 5), x)
-            ops_f = _gpu_ops(lambda t: kernel.fused_decide(t, 1.0, 5), x)
-            timed = {}
-            for tile, warps in SWEEP:
-                run = lambda t, tile=tile, warps=warps: kernel.fused_decide(  # noqa: E731
-                    t, 1.0, 5, block_m=tile, num_warps=warps
-                )
-                torch.testing.assert_close(run(x), want, rtol=1e-5, atol=1e-6)
-                timed[(tile, warps)] = _us_per_sample(run, x)
-                print(
-                    f"  fused B={b} tile={tile} warps={warps}: {timed[(tile, warps)]:.3f}",
-                    flush=True,
-                )
-            (tile, warps), t_best = min(timed.items(), key=lambda kv: kv[1])
-            best = f"{t_best:.3f} ({tile}, {warps})"
+            fused, best, host, ops_f = _fused_row(x, want)
         rows.append(f"| {b} | {m} | {c} | {floor:.3f} | {eager:.3f} | {comp:.3f} | {graph:.3f} | "
-                    f"{fused:.3f} | {best} | {fused / floor:.1f}× | {ops_e} / {ops_c} / {ops_f} |")  # fmt: skip
+                    f"{fused:.3f} | {best} | {host} | {fused / floor:.1f}× | {ops_e} / {ops_c} / {ops_f} |")  # fmt: skip
         print(rows[-1], flush=True)
     if not args.no_write:
         write_section(

@@ -13,13 +13,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vge-gpu}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu.log") 2>&1
-# GPU_STEPS picks steps (default all): tests decision serving profile cpu, e.g.
+# GPU_STEPS picks steps and their order (default all): tests decision serving profile cpu, e.g.
 #   GPU_STEPS="tests serving" GPU_TESTS=tests/gpu bash benchmarks/gpu.sh
 # GPU_TARGETS: the servers of the serving step (benchmarks.serving --targets; "vge@KEY=VALUE,..."
 # runs vge with VGE_ settings).
 STEPS=" ${GPU_STEPS:-tests decision serving profile cpu} "
 TARGETS=${GPU_TARGETS:-vge vge-overlap litserve-scaled}
-want() { [[ $STEPS == *" $1 "* ]]; }
 step() { echo; echo "=== $* ($(date +%T))"; }
 save() { cp docs/benchmarks.md "$OUT/benchmarks.md"; }
 if [ -d .whl ]; then
@@ -38,34 +37,43 @@ step environment
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc
 $PY -c "import torch, torchvision, fastapi, uvicorn, litserve, service.app; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available(), 'torchvision', torchvision.__version__)"
-want tests && {
-step GPU tests
-xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 4")
-# GPU_TESTS narrows the tests (default: the GPU tests and the models' serving and predictor tests)
-timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:logging $xdist \
-  ${GPU_TESTS:-tests/gpu tests/models/test_serving.py tests/models/test_predictor.py}
+run_tests() {
+  step GPU tests
+  local xdist
+  xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 4")
+  # GPU_TESTS narrows the tests (default: the GPU tests and the models' serving and predictor tests)
+  # shellcheck disable=SC2086 # word lists
+  timeout 150 $PY -m pytest -q -p no:cacheprovider -p no:logging $xdist \
+    ${GPU_TESTS:-tests/gpu tests/models/test_serving.py tests/models/test_predictor.py}
 }
-want decision && {
-step served decision kernels
-timeout 100 $PY -m benchmarks.decision --device cuda --compile; save
+run_decision() {
+  step served decision kernels
+  timeout 100 $PY -m benchmarks.decision --device cuda --compile; save
 }
-want serving && {
-step "vge on CUDA ($TARGETS; LitServe scaled out: 2 workers, 8 API servers)"
-# shellcheck disable=SC2086 # TARGETS is a list
-timeout 270 $PY -m benchmarks.serving --targets $TARGETS --vge-device cuda \
-  --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
-  --duration 3 --section "GPU host"; save
+run_serving() {
+  step "vge on CUDA ($TARGETS; LitServe scaled out: 2 workers, 8 API servers)"
+  # shellcheck disable=SC2086 # TARGETS is a list
+  timeout 270 $PY -m benchmarks.serving --targets $TARGETS --vge-device cuda \
+    --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
+    --duration 3 --section "GPU host"; save
 }
-want profile && {
-step "where vge's CPU goes on CUDA at c=256 (py-spy)"
-command -v py-spy >/dev/null &&
-  timeout 75 $PY -m benchmarks.profile_serve --device cuda --conc 256 --seconds 4 \
-    --raw "$OUT/profile-raw.txt"
+run_profile() {
+  step "where vge's CPU goes on CUDA at c=256 (py-spy)"
+  command -v py-spy >/dev/null &&
+    timeout 75 $PY -m benchmarks.profile_serve --device cuda --conc 256 --seconds 4 \
+      --raw "$OUT/profile-raw.txt"
 }
-want cpu && {
-step "vge on the same host's CPU"
-timeout 80 $PY -m benchmarks.serving --targets vge --vge-device cpu --wrk-threads 4 \
-  --levels 64 256 --batch-levels 16 --rounds 1 --duration 3 --section "GPU host, vge on its CPU"
-save
+run_cpu() {
+  step "vge on the same host's CPU"
+  timeout 80 $PY -m benchmarks.serving --targets vge --vge-device cpu --wrk-threads 4 \
+    --levels 64 256 --batch-levels 16 --rounds 1 --duration 3 --section "GPU host, vge on its CPU"
+  save
 }
+# The steps run in the order GPU_STEPS names them (put first what must not be cut off).
+for s in $STEPS; do
+  case $s in
+    tests | decision | serving | profile | cpu) "run_$s" ;;
+    *) echo "unknown step $s (tests decision serving profile cpu)"; exit 2 ;;
+  esac
+done
 step done

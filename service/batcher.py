@@ -133,6 +133,10 @@ class Batcher:
         self.metrics = metrics
         self._pending: deque[_Unit] = deque()
         self._rows = 0
+        self._rows_by: dict[Any, int] = {}  # predictor -> rows queued for it (O(1) fullness)
+        # Arrivals wake the batch loop only once this many rows are queued: 0 (every arrival)
+        # except while a batch computes and the next may start only when full (in_flight > 1).
+        self._wake_rows = 0
         self._wakeup = asyncio.Event()
         self._admitting = True
         self._closing = False
@@ -191,6 +195,7 @@ class Batcher:
         gone = [u for u in self._pending if u.state is _State.QUEUED]
         gone += [u for batch in self._running.values() for u in batch]
         self._pending.clear()
+        self._rows_by.clear()
         for unit in gone:
             unit.reply(
                 None,
@@ -240,8 +245,10 @@ class Batcher:
         unit.timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, unit)
         self._pending.append(unit)
         self._rows += n
+        self._rows_by[predictor] = self._rows_by.get(predictor, 0) + n
         self._queue_depth(model).set(self._rows)
-        self._wakeup.set()
+        if self._rows >= self._wake_rows:
+            self._wakeup.set()
         return unit
 
     async def submit(
@@ -306,30 +313,46 @@ class Batcher:
             with contextlib.suppress(ValueError):
                 self._pending.remove(unit)
             self._rows -= unit.rows
+            self._untrack(unit.predictor, unit.rows)
             self._queue_depth(unit.model).set(self._rows)
             self._wakeup.set()
 
     # ------------------------------------------------------------------ batch loop
     def _rows_for(self, predictor: Any) -> int:
-        return sum(u.rows for u in self._pending if u.predictor is predictor)
+        """Rows queued for ``predictor`` (kept as a count: the batch loop asks on every wake-up)."""
+        return self._rows_by.get(predictor, 0)
+
+    def _untrack(self, predictor: Any, rows: int) -> None:
+        left = self._rows_by.get(predictor, 0) - rows
+        if left > 0:
+            self._rows_by[predictor] = left
+        else:  # a swapped-out model's predictor is not kept alive by the count
+            self._rows_by.pop(predictor, None)
 
     def _take(self, predictor: Any) -> list[_Unit]:
-        """Remove and return up to ``max_batch_size`` rows of ``predictor``'s requests, in order."""
+        """Remove and return up to ``max_batch_size`` rows of ``predictor``'s requests, in order.
+
+        Other models' requests met on the way (during a swap) keep their places at the front.
+        """
         now = time.monotonic()
         batch: list[_Unit] = []
         rows = 0
-        for unit in list(self._pending):
+        others: list[_Unit] = []
+        pending = self._pending
+        while pending and rows < self.max_batch_size:
+            unit = pending.popleft()
             if unit.predictor is not predictor:
+                others.append(unit)
                 continue
             if batch and rows + unit.rows > self.max_batch_size:
+                pending.appendleft(unit)
                 break
-            self._pending.remove(unit)
             unit.state = _State.TAKEN
             batch.append(unit)
             rows += unit.rows
-            self._rows -= unit.rows
-            if rows >= self.max_batch_size:
-                break
+        pending.extendleft(reversed(others))
+        self._rows -= rows
+        self._untrack(predictor, rows)
         if batch:
             model = batch[0].model
             self._queue_depth(model).set(self._rows)
@@ -367,8 +390,13 @@ class Batcher:
                 # A batch computes: another starts beside it only when it is full. Half-full
                 # batches side by side cost more per image than one fuller batch after the other
                 # (on the 2-core box, single images: 1,075 -> 850 req/s at c=16 without this rule).
-                self._wakeup.clear()  # set by arrivals and by a batch finishing
-                await self._wakeup.wait()
+                # Arrivals wake the loop only once a full batch could be queued, not one by one.
+                self._wake_rows = self.max_batch_size
+                self._wakeup.clear()  # set by such an arrival and by a batch finishing
+                try:
+                    await self._wakeup.wait()
+                finally:
+                    self._wake_rows = 0
                 continue
             flush_at = first.enqueued + self.max_delay_s
             while (
@@ -411,9 +439,8 @@ class Batcher:
         """
         predictor = batch[0].predictor
         # The engine queues numpy views of shared memory (no torch call on its event loop);
-        # as_tensor shares their memory.
-        parts = [torch.as_tensor(u.x) for u in batch]
-        out = predictor.run(parts)  # EnsembleOutput (B, M, C) on the device
+        # Predictor.run gathers them with one np.concatenate, not a torch call per request.
+        out = predictor.run([u.x for u in batch])  # EnsembleOutput (B, M, C) on the device
         groups: dict[ScoreOptions, list[tuple[int, int, int]]] = {}
         start = 0
         for n, unit in enumerate(batch):

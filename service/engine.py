@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.ipc import InferRequest, Outbox, RemoteError, read_frame
+from service.ipc import FrameReader, InferRequest, Outbox, RemoteError, read_frame
 from service.settings import Settings
 
 log = logging.getLogger("vge.engine")
@@ -237,8 +237,9 @@ class Engine:
             current = self.models.current
             if current is not None:
                 outbox.put(("model", 0, current.info))
+            frames = FrameReader(reader)
             while True:
-                for kind, request_id, payload in await read_frame(reader):
+                for kind, request_id, payload in await frames.read():
                     if kind == "infer":
                         self._infer(outbox, arena, inflight, request_id, payload)
                     elif kind == "call":
@@ -272,7 +273,9 @@ class Engine:
         def answer(columns: Any, error: BaseException | None) -> None:
             inflight.pop(request_id, None)
             if error is None:
-                outbox.put(("ok", request_id, columns.data))
+                # Raw float64 bytes, not the array: pickling a NumPy array costs ~3.4 µs per
+                # answer on the event loop, bytes ~0.1 (the front end knows the row count).
+                outbox.put(("ok", request_id, columns.data.tobytes()))
             else:
                 self._error(outbox, request_id, error)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from models.serving import ScoreColumns, ScoreOptions
 from service.errors import NotReady, QueueFull
-from service.ipc import InferRequest, RemoteError, encode, read_frame
+from service.ipc import FrameReader, InferRequest, RemoteError, encode
 from service.model_manager import ModelInfo
 from service.shm import HEADER, Allocator, Arena, nbytes_of
 
@@ -152,8 +152,9 @@ class EngineClient:
         self.allocator.reset()
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        frames = FrameReader(reader)
         while True:
-            for kind, request_id, payload in await read_frame(reader):
+            for kind, request_id, payload in await frames.read():
                 if kind == "model":
                     self.model = payload
                     self._connected.set()
@@ -252,8 +253,8 @@ class EngineClient:
         except NotReady:
             self.release(region)
             raise
-        data = await _wait(future, timeout_s + ANSWER_GRACE_S)
-        return ScoreColumns(np.asarray(data))
+        data = await _wait(future, timeout_s + ANSWER_GRACE_S)  # the rows' float64 bytes
+        return ScoreColumns(np.frombuffer(data, np.float64).reshape(a.shape[0], -1))
 
     async def call(self, method: str, timeout_s: float = 600.0, **kwargs: Any) -> Any:
         """Run an admin method in the engine (model swaps, training jobs)."""

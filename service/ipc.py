@@ -10,7 +10,8 @@ each request (a few hundred bytes per image).
 Kinds, front end → engine: ``hello`` (arena path and size), ``infer`` (:class:`InferRequest`),
 ``call`` (an admin method and its keyword arguments).
 Engine → front end: ``model`` (:class:`service.model_manager.ModelInfo`, sent on connect and after
-every swap), ``ok`` / ``error`` (the answer to one request id).
+every swap), ``ok`` / ``error`` (the answer to one request id: for ``infer``, the request's packed
+score rows as raw float64 bytes, :class:`models.serving.ScoreColumns` without the array's pickle).
 
 Errors cross as :class:`RemoteError` (the :class:`service.errors.ServiceError` subclass name,
 message and headers) and are re-raised as that class in the front end, so a 503 from the engine's
@@ -90,6 +91,47 @@ async def read_frame(reader: asyncio.StreamReader) -> list[Message]:
         raise ValueError(f"control frame of {n} bytes is over the limit")
     messages: list[Message] = pickle.loads(await reader.readexactly(n))
     return messages
+
+
+class FrameReader:
+    """Frames from one stream, every complete one per wake-up.
+
+    :func:`read_frame` awaits twice per frame (length, then body). Under load a front end's
+    requests arrive faster than the engine's event loop turns, so one socket read holds several
+    frames: this reads what has arrived in one call and unpickles each complete frame, keeping a
+    partial one for the next call.
+    """
+
+    __slots__ = ("_reader", "_buf")
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._buf = bytearray()
+
+    async def read(self) -> list[Message]:
+        """The messages of every frame received so far, in order (at least one frame's worth);
+        raises ``asyncio.IncompleteReadError`` at EOF and ``ValueError`` for an oversized frame."""
+        buf = self._buf
+        while True:
+            messages: list[Message] = []
+            pos, end = 0, len(buf)
+            while end - pos >= _LEN.size:
+                (n,) = _LEN.unpack_from(buf, pos)
+                if n > MAX_FRAME:
+                    raise ValueError(f"control frame of {n} bytes is over the limit")
+                start = pos + _LEN.size
+                if end - start < n:
+                    break
+                messages += pickle.loads(buf[start : start + n])
+                pos = start + n
+            if pos:
+                del buf[:pos]
+            if messages:
+                return messages
+            chunk = await self._reader.read(1 << 16)
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(buf), None)
+            buf += chunk
 
 
 class Outbox:

@@ -8,8 +8,10 @@ decision was launch-bound at ~2.2 µs/sample against a memory-read floor of ~0.2
 single kernel, one program per sample:
 
 * one pass over the sample's ``(M, C)`` members in tiles of ``BLOCK_M`` members: the per-class
-  mean ``p̄`` and sum of squared deviations ``Σ_m (p_m − p̄)²`` merged tile by tile (Chan et al.'s
-  parallel update, as accurate as torch's two-pass std), and ``Σ_m H(p_m)`` for AU;
+  sum ``Σ_m p_m`` and sum of squared deviations ``Σ_m (p_m − p̄)²`` merged tile by tile (Chan et
+  al.'s parallel update, as accurate as torch's two-pass std), and ``Σ_m H(p_m)`` for AU; at small
+  batches several programs per sample each take a slice of the members and a second kernel
+  merges them the same way (:func:`fused_decide`'s ``splits``);
 * then, in registers: ``s = sqrt(M2/(M−1)) + ε`` (0 + ε when ``M = 1``), the top-2 of ``p̄`` and
   their spreads, ``SNR = (p̄1 − p̄2)/(s1 + s2 + ε)``, ``VGMU = 1 − (1 − e^{−SNR}) p̄1``,
   ``abstain = ¬(p̄1 − k s1 > p̄2 + k s2)``, ``TU = H(p̄)/log C``, ``AU = min(mean_m H(p_m)/log C, TU)``
@@ -28,6 +30,7 @@ which has no GPU, checks it against :func:`models.serving.decide`.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -48,46 +51,46 @@ MAX_CLASSES = 8192
 _TILE = 16384
 
 
-def _decision_kernel(
-    x_ptr,  # (B, M, C) float32, last dim contiguous
-    out_ptr,  # (B, 7 + 2n) float64, contiguous
-    M,
-    C,
-    stride_b,
-    stride_m,
-    n_top,
-    abstain_k,
-    eps,
-    inv_log_c,
-    BLOCK_M: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
+def _member_stats(base, stride_m, m_lo, m_hi, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Members ``[m_lo, m_hi)`` of one sample -> per class ``Σ_m p_m``, ``M2 = Σ_m (p_m − p̄)²`` and
+    ``Σ_m −p_m log p_m`` (each ``(BLOCK_C,)``), and the member count.
+
+    Tiles of ``BLOCK_M`` members merged by Chan et al.'s update. Sums, not running means, are
+    carried, so classes whose members sum exactly alike (e.g. permuted one-hot members) get
+    exactly equal means and tie as they do in torch. Every reduction runs over the member axis,
+    which stays inside each thread: no cross-warp step per tile.
+    """
     cols = tl.arange(0, BLOCK_C)
     cmask = cols < C
     rows = tl.arange(0, BLOCK_M)
-    base = x_ptr + b * stride_b
-    mean = tl.zeros([BLOCK_C], dtype=tl.float32)
+    total = tl.zeros([BLOCK_C], dtype=tl.float32)
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-    ent = tl.zeros([BLOCK_M], dtype=tl.float32)  # Σ_m H(p_m), per tile row
+    ent = tl.zeros([BLOCK_C], dtype=tl.float32)
     seen = 0.0
-    for m0 in range(0, M, BLOCK_M):
+    for m0 in range(m_lo, m_hi, BLOCK_M):
         r = m0 + rows
-        mask = (r < M)[:, None] & cmask[None, :]
+        mask = (r < m_hi)[:, None] & cmask[None, :]
         x = tl.load(base + r[:, None] * stride_m + cols[None, :], mask=mask, other=0.0)
-        nb = tl.minimum(M - m0, BLOCK_M).to(tl.float32)  # members in this tile
-        t_mean = tl.sum(x, axis=0) / nb  # (BLOCK_C,)
+        nb = tl.minimum(m_hi - m0, BLOCK_M).to(tl.float32)  # members in this tile
+        t_sum = tl.sum(x, axis=0)  # (BLOCK_C,)
+        t_mean = t_sum / nb
         d = tl.where(mask, x - t_mean[None, :], 0.0)
-        t_m2 = tl.sum(d * d, axis=0)
-        total = seen + nb
-        delta = t_mean - mean
-        mean = mean + delta * (nb / total)
-        m2 = m2 + t_m2 + delta * delta * (seen * nb / total)
-        seen = total
-        ent += tl.sum(tl.where(x > 0.0, -x * tl.log(x), 0.0), axis=1)
+        delta = t_mean - total / tl.maximum(seen, 1.0)
+        m2 = m2 + tl.sum(d * d, axis=0) + delta * delta * (seen * nb / (seen + nb))
+        total += t_sum
+        seen += nb
+        ent += tl.sum(tl.where(x > 0.0, -x * tl.log(x), 0.0), axis=0)
+    return total, m2, ent, seen
+
+
+def _finish(total, m2, ent_total, seen, row, C, n_top, abstain_k, eps, inv_log_c,
+            BLOCK_C: tl.constexpr):  # fmt: skip
+    """One sample's statistics -> its packed row at ``row`` (``7 + 2 n_top`` float64)."""
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    mean = total / seen
     # Spreads s = std + ε (std := 0 for one member), as models.uncertainty.moments.
-    m_minus_1 = tl.maximum(seen - 1.0, 1.0)
-    std = tl.where(seen > 1.0, tl.sqrt(m2 / m_minus_1), 0.0)
+    std = tl.where(seen > 1.0, tl.sqrt(m2 / tl.maximum(seen - 1.0, 1.0)), 0.0)
     s = std + eps
     # Top-2 of the mean (ties to the lowest class) and their spreads (Section 3.2).
     neg_inf = float("-inf")
@@ -106,10 +109,9 @@ def _decision_kernel(
     abstain = tl.where(p1 - abstain_k * s1 > p2 + abstain_k * s2, 0.0, 1.0)
     # TU/AU/EU in units of log C (Section 3.3).
     tu = tl.sum(tl.where(work > 0.0, -work * tl.log(work), 0.0), axis=0) * inv_log_c
-    au = tl.sum(ent, axis=0) / seen * inv_log_c
+    au = ent_total / seen * inv_log_c
     tu = tl.minimum(tl.maximum(tu, 0.0), 1.0)
     au = tl.minimum(tl.minimum(tl.maximum(au, 0.0), 1.0), tu)
-    row = out_ptr + b * (7 + 2 * n_top)
     tl.store(row + 0, i1.to(tl.float64))
     tl.store(row + 1, abstain.to(tl.float64))
     tl.store(row + 2, vgmu.to(tl.float64))
@@ -125,11 +127,80 @@ def _decision_kernel(
         work = tl.where(cols == i, neg_inf, work)
 
 
+def _decision_kernel(
+    x_ptr,  # (B, M, C) float32, last dim contiguous
+    out_ptr,  # (B, 7 + 2n) float64, contiguous
+    M, C, stride_b, stride_m, n_top, abstain_k, eps, inv_log_c,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """One program per sample: its members' statistics, then its row."""
+    b = tl.program_id(0).to(tl.int64)
+    total, m2, ent, seen = _member_stats(x_ptr + b * stride_b, stride_m, 0, M, C, BLOCK_M, BLOCK_C)
+    _finish(total, m2, tl.sum(ent, axis=0), seen, out_ptr + b * (7 + 2 * n_top), C, n_top,
+            abstain_k, eps, inv_log_c, BLOCK_C)  # fmt: skip
+
+
+def _partial_kernel(
+    x_ptr,  # (B, M, C) float32, last dim contiguous
+    ws_ptr,  # (B, S, 2 C + 2) float32: Σ p, M2, Σ entropy, count per member slice
+    M, C, stride_b, stride_m, per_split,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Program ``(b, s)``: the statistics of sample ``b``'s members ``[s·per_split, …)``: at small
+    batches one program per sample leaves most of the GPU idle."""
+    b = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    n_splits = tl.num_programs(1)
+    lo = split * per_split
+    total, m2, ent, seen = _member_stats(
+        x_ptr + b * stride_b, stride_m, lo, tl.minimum(lo + per_split, M), C, BLOCK_M, BLOCK_C
+    )
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    slot = ws_ptr + (b * n_splits + split) * (2 * C + 2)
+    tl.store(slot + cols, total, mask=cmask)
+    tl.store(slot + C + cols, m2, mask=cmask)
+    tl.store(slot + 2 * C, tl.sum(ent, axis=0))
+    tl.store(slot + 2 * C + 1, seen)
+
+
+def _combine_kernel(
+    ws_ptr, out_ptr, S, C, n_top, abstain_k, eps, inv_log_c, BLOCK_C: tl.constexpr
+):  # fmt: skip
+    """Program ``b``: merge sample ``b``'s ``S`` member slices (Chan et al.), then its row."""
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    total = tl.zeros([BLOCK_C], dtype=tl.float32)
+    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    ent = 0.0
+    seen = 0.0
+    for split in range(S):
+        slot = ws_ptr + (b * S + split) * (2 * C + 2)
+        t_sum = tl.load(slot + cols, mask=cmask, other=0.0)
+        nb = tl.load(slot + 2 * C + 1)
+        delta = t_sum / nb - total / tl.maximum(seen, 1.0)
+        m2 += tl.load(slot + C + cols, mask=cmask, other=0.0) + delta * delta * (
+            seen * nb / (seen + nb)
+        )
+        total += t_sum
+        seen += nb
+        ent += tl.load(slot + 2 * C)
+    _finish(total, m2, ent, seen, out_ptr + b * (7 + 2 * n_top), C, n_top, abstain_k, eps,
+            inv_log_c, BLOCK_C)  # fmt: skip
+
+
 if triton is not None:
     # Sizes and the top-k count vary per batch and per request: one compiled kernel serves them all.
+    _member_stats = triton.jit(_member_stats)
+    _finish = triton.jit(_finish)
     _decision_kernel = triton.jit(
         _decision_kernel, do_not_specialize=["M", "C", "stride_b", "stride_m", "n_top"]
     )
+    _partial_kernel = triton.jit(
+        _partial_kernel, do_not_specialize=["M", "C", "stride_b", "stride_m", "per_split"]
+    )
+    _combine_kernel = triton.jit(_combine_kernel, do_not_specialize=["S", "C", "n_top"])
 
 
 def supports(members: Tensor) -> bool:
@@ -150,14 +221,17 @@ def fused_decide(
     *,
     block_m: int | None = None,
     num_warps: int | None = None,
+    splits: int | None = None,
 ) -> Tensor:
-    """:func:`models.serving.decide` in one kernel launch: members ``(B, M, C)`` -> the packed
-    ``(B, 7 + 2n)`` float64 block, ``n = min(top_k, C)``, on the members' device.
+    """:func:`models.serving.decide` in one kernel launch (two for small batches): members
+    ``(B, M, C)`` -> the packed ``(B, 7 + 2n)`` float64 block, ``n = min(top_k, C)``, on the
+    members' device.
 
     CUDA tensors (see :func:`supports`); CPU tensors only under Triton's interpreter
     (``TRITON_INTERPRET=1`` before Triton is imported), which is how CI checks the kernel.
-    ``block_m`` (members per tile, a power of two) and ``num_warps`` override the launch
-    configuration chosen from the shape (``benchmarks.decision`` sweeps them).
+    ``block_m`` (members per tile, a power of two), ``num_warps`` and ``splits`` (programs per
+    sample, each over a slice of the members, merged by a second kernel) override the launch
+    configuration chosen from the shape and the device (``benchmarks.decision`` sweeps them).
     """
     if triton is None:
         raise RuntimeError("fused_decide needs Triton (it ships with torch's CUDA builds)")
@@ -176,8 +250,47 @@ def fused_decide(
     if block_m is None:
         block_m = max(1, min(1 << max(0, m - 1).bit_length(), _TILE // block_c))
     warps = num_warps or max(1, min(16, block_m * block_c // 1024))
-    _decision_kernel[(b,)](
-        x, out, m, c, x.stride(0), x.stride(1), n, float(abstain_k), EPS, 1.0 / math.log(c),
+    if splits is None:
+        splits = _default_splits(b, m * c, x.device)
+    # Members per program: whole tiles, and no program without members.
+    per_split = -(-m // max(1, splits))
+    per_split = -(-per_split // block_m) * block_m
+    splits = -(-m // per_split)
+    k, inv_log_c = float(abstain_k), 1.0 / math.log(c)
+    if splits == 1:
+        _decision_kernel[(b,)](
+            x, out, m, c, x.stride(0), x.stride(1), n, k, EPS, inv_log_c,
+            BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps,
+        )  # fmt: skip
+        return out
+    ws = torch.empty((b, splits, 2 * c + 2), dtype=torch.float32, device=x.device)
+    _partial_kernel[(b, splits)](
+        x, ws, m, c, x.stride(0), x.stride(1), per_split,
         BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps,
     )  # fmt: skip
+    _combine_kernel[(b,)](
+        ws, out, splits, c, n, k, EPS, inv_log_c,
+        BLOCK_C=block_c, num_warps=max(1, min(8, block_c // 256)),
+    )  # fmt: skip
     return out
+
+
+#: Programs per multiprocessor the default launch aims for at small batches (``splits``).
+_PROGRAMS_PER_SM = 2
+
+
+def _default_splits(batch: int, elements: int, device: torch.device) -> int:
+    """Member slices per sample: enough programs to give every multiprocessor
+    :data:`_PROGRAMS_PER_SM` when the batch alone does not. 1 off CUDA, and for samples of under
+    four tiles (``M·C`` elements), where a second launch costs more than the idle multiprocessors."""
+    if device.type != "cuda" or elements < 4 * _TILE:
+        return 1
+    sms = _multiprocessors(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+    return max(1, (_PROGRAMS_PER_SM * sms) // batch)
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)

@@ -431,6 +431,8 @@ def test_a_second_batch_starts_beside_a_computing_one_only_when_full(
         ]
         await asyncio.sleep(0.2)
         assert held.entered == 1  # half a batch: it waits for the computing one
+        # ... and its arrivals did not wake the batch loop one by one (only a full batch does)
+        assert not batcher._wakeup.is_set() and batcher._wake_rows == 4
         rest += [
             asyncio.create_task(batcher.submit(held, "tiny", pixels[i : i + 1], opts, 30.0))
             for i in range(6, 8)

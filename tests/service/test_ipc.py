@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from models.serving import ScoreOptions
-from service.ipc import MAX_FRAME, InferRequest, Outbox, encode, read_frame
+from service.ipc import MAX_FRAME, FrameReader, InferRequest, Outbox, encode, read_frame
 
 Body = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -99,3 +99,42 @@ def test_an_infer_request_crosses_whole_and_its_options_still_group() -> None:
             got.options.top_k = 4  # type: ignore[misc]
 
     _over_a_socket(body)
+
+
+def test_the_frame_reader_returns_every_frame_that_has_arrived_in_order() -> None:
+    """The engine's and the front ends' read loops: one wake-up per socket read, not two awaits
+    per frame; a frame split over several reads is put back together."""
+
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        frames = FrameReader(reader)
+        reader.feed_data(encode([("infer", 1, None)]) + encode([("infer", 2, "x"), ("call", 3, 4)]))
+        assert await frames.read() == [("infer", 1, None), ("infer", 2, "x"), ("call", 3, 4)]
+        third = encode([("ok", 5, b"rows" * 100)])
+        for cut in (2, 7, len(third) - 1):  # header split, body split, one byte short
+            reader.feed_data(third[:cut])
+            waiting = asyncio.ensure_future(frames.read())
+            await asyncio.sleep(0)
+            assert not waiting.done()  # a partial frame is kept, not returned
+            reader.feed_data(third[cut:] + encode([("ok", 6, None)]))
+            assert await waiting == [("ok", 5, b"rows" * 100), ("ok", 6, None)]
+        reader.feed_data(third[:9])
+        reader.feed_eof()
+        with pytest.raises(asyncio.IncompleteReadError):  # EOF inside a frame
+            await frames.read()
+
+    asyncio.run(main())
+
+
+def test_the_frame_reader_refuses_an_oversized_frame_and_ends_at_eof() -> None:
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data((MAX_FRAME + 1).to_bytes(4, "little"))
+        with pytest.raises(ValueError, match="over the limit"):
+            await FrameReader(reader).read()
+        clean = asyncio.StreamReader()
+        clean.feed_eof()
+        with pytest.raises(asyncio.IncompleteReadError):
+            await FrameReader(clean).read()
+
+    asyncio.run(main())
