@@ -5,8 +5,8 @@
 B = 128 and 4096, M = 100, C = 1000, float32, eager and (with ``--compile``) compiled as a served
 engine compiles it (:func:`models.serving.compile_decide`); on CUDA also the fused Triton kernel a
 GPU engine serves (:func:`models.kernels.decision.fused_decide`), with its launch configuration
-chosen from the shape and the device, the best of a small sweep of tile heights, warps and member
-slices per sample, and its host time per call (launches only: is it launch- or GPU-bound?);
+chosen from the shape, the best of a small sweep of tile heights and warps, and its host time per
+call (the launch alone: is it launch- or GPU-bound?);
 beside it the memory-read floor: the time to read the ``(B, M, C)`` members once (``sum``).
 Writes the section "Served decision" of docs/benchmarks.md.
 """
@@ -22,9 +22,8 @@ from benchmarks.report import write_section
 from models.kernels import decision as kernel
 from models.serving import compile_decide, decide
 
-#: (members per tile, warps, member slices per sample) tried for the fused kernel, beside the
-#: configuration it picks itself.
-SWEEP = ((16, 16, 1), (8, 8, 1), (16, 16, 2), (8, 8, 2), (8, 8, 4), (8, 4, 4), (4, 4, 8))
+#: (members per tile, warps) tried for the fused kernel, beside the configuration it picks itself.
+SWEEP = ((16, 16), (16, 8), (8, 8), (8, 4), (32, 16))
 
 
 def _us_per_sample(fn, x: torch.Tensor) -> float:  # noqa: ANN001
@@ -92,19 +91,19 @@ def _fused_row(x: torch.Tensor, want: torch.Tensor) -> tuple[float, str, str, in
     print(f"  fused B={b} default: {fused:.3f} µs/sample, host {host:.1f} µs/call "
           f"(synchronised {fused * b:.1f})", flush=True)  # fmt: skip
     timed = {}
-    for tile, warps, splits in SWEEP:
-        run = lambda t, c=(tile, warps, splits): kernel.fused_decide(  # noqa: E731
-            t, 1.0, 5, block_m=c[0], num_warps=c[1], splits=c[2]
+    for tile, warps in SWEEP:
+        run = lambda t, c=(tile, warps): kernel.fused_decide(  # noqa: E731
+            t, 1.0, 5, block_m=c[0], num_warps=c[1]
         )
         try:
             torch.testing.assert_close(run(x), want, rtol=1e-5, atol=1e-6)
         except AssertionError as exc:  # report, keep measuring the others
-            print(f"  fused B={b} {(tile, warps, splits)}: WRONG ANSWER {exc}", flush=True)
+            print(f"  fused B={b} {(tile, warps)}: WRONG ANSWER {exc}", flush=True)
             continue
-        timed[(tile, warps, splits)] = t = _us_per_sample(run, x)
-        print(f"  fused B={b} tile={tile} warps={warps} splits={splits}: {t:.3f}", flush=True)
-    (tile, warps, splits), t_best = min(timed.items(), key=lambda kv: kv[1])
-    return fused, f"{t_best:.3f} ({tile}, {warps}, {splits})", f"{host:.1f}", ops
+        timed[(tile, warps)] = t = _us_per_sample(run, x)
+        print(f"  fused B={b} tile={tile} warps={warps}: {t:.3f}", flush=True)
+    (tile, warps), t_best = min(timed.items(), key=lambda kv: kv[1])
+    return fused, f"{t_best:.3f} ({tile}, {warps})", f"{host:.1f}", ops
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dev = torch.device(args.device)
     rows = ["| B | M | C | read floor µs/sample | decide eager | decide compiled | compiled, one CUDA graph "
-            "| fused kernel | fused, best of sweep (tile, warps, slices) | fused host µs/call | fused / floor "
+            "| fused kernel | fused, best of sweep (tile, warps) | fused host µs/call | fused / floor "
             "| GPU ops eager / compiled / fused |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     compiled = compile_decide() if args.compile else None  # what a compiled engine runs

@@ -63,8 +63,8 @@ class Settings(BaseSettings):
         description="Batches the engine computes at once, each on its own thread; a further batch "
         "starts beside a computing one only when it is full. 1: the next batch fills while one "
         "computes. 2: on the 2-core box, 64-image requests 1.6x faster and single images 5-9 % "
-        "slower; on a GPU one batch may launch while another is copied back (not yet measured "
-        "there: benchmarks/gpu.sh compares it).",
+        "slower; on an H100 host single images 9-18 % slower at 256 connections and 64-image "
+        "requests 16 % slower to 7 % faster (docs/benchmarks.md).",
     )
     batch_wait: Literal["adaptive", "always"] = Field(
         "adaptive",

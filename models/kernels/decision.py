@@ -9,9 +9,7 @@ single kernel, one program per sample:
 
 * one pass over the sample's ``(M, C)`` members in tiles of ``BLOCK_M`` members: the per-class
   sum ``Σ_m p_m`` and sum of squared deviations ``Σ_m (p_m − p̄)²`` merged tile by tile (Chan et
-  al.'s parallel update, as accurate as torch's two-pass std), and ``Σ_m H(p_m)`` for AU; at small
-  batches several programs per sample each take a slice of the members and a second kernel
-  merges them the same way (:func:`fused_decide`'s ``splits``);
+  al.'s parallel update, as accurate as torch's two-pass std), and ``Σ_m H(p_m)`` for AU;
 * then, in registers: ``s = sqrt(M2/(M−1)) + ε`` (0 + ε when ``M = 1``), the top-2 of ``p̄`` and
   their spreads, ``SNR = (p̄1 − p̄2)/(s1 + s2 + ε)``, ``VGMU = 1 − (1 − e^{−SNR}) p̄1``,
   ``abstain = ¬(p̄1 − k s1 > p̄2 + k s2)``, ``TU = H(p̄)/log C``, ``AU = min(mean_m H(p_m)/log C, TU)``
@@ -24,13 +22,18 @@ Entropies use ``0 log 0 = 0``, like ``torch.special.entr`` on probabilities. The
 ``C``-vector per statistic in registers, so it serves ``C ≤`` :data:`MAX_CLASSES`; beyond that
 (and without Triton, or off CUDA) callers use :func:`models.serving.decide` or its compiled form.
 
+Measured on an H100 (docs/benchmarks.md, "Served decision (cuda)"): 0.307 µs/sample at B = 128,
+M = 100, C = 1000 (17 compiled operations: 2.9), bound by the launch itself: Triton's Python launch
+costs ~34 µs of host time, 0.27 µs/sample at that batch. At B = 4096 the kernel is 1.7× the time
+to read the members once. Splitting each sample's members over several programs (a second kernel
+merging them) was slower at B = 128 (0.374: two launches), so one program per sample it is.
+
 On a CPU the same kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``): that is how CI,
 which has no GPU, checks it against :func:`models.serving.decide`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -140,56 +143,6 @@ def _decision_kernel(
             abstain_k, eps, inv_log_c, BLOCK_C)  # fmt: skip
 
 
-def _partial_kernel(
-    x_ptr,  # (B, M, C) float32, last dim contiguous
-    ws_ptr,  # (B, S, 2 C + 2) float32: Σ p, M2, Σ entropy, count per member slice
-    M, C, stride_b, stride_m, per_split,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """Program ``(b, s)``: the statistics of sample ``b``'s members ``[s·per_split, …)``: at small
-    batches one program per sample leaves most of the GPU idle."""
-    b = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    n_splits = tl.num_programs(1)
-    lo = split * per_split
-    total, m2, ent, seen = _member_stats(
-        x_ptr + b * stride_b, stride_m, lo, tl.minimum(lo + per_split, M), C, BLOCK_M, BLOCK_C
-    )
-    cols = tl.arange(0, BLOCK_C)
-    cmask = cols < C
-    slot = ws_ptr + (b * n_splits + split) * (2 * C + 2)
-    tl.store(slot + cols, total, mask=cmask)
-    tl.store(slot + C + cols, m2, mask=cmask)
-    tl.store(slot + 2 * C, tl.sum(ent, axis=0))
-    tl.store(slot + 2 * C + 1, seen)
-
-
-def _combine_kernel(
-    ws_ptr, out_ptr, S, C, n_top, abstain_k, eps, inv_log_c, BLOCK_C: tl.constexpr
-):  # fmt: skip
-    """Program ``b``: merge sample ``b``'s ``S`` member slices (Chan et al.), then its row."""
-    b = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_C)
-    cmask = cols < C
-    total = tl.zeros([BLOCK_C], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-    ent = 0.0
-    seen = 0.0
-    for split in range(S):
-        slot = ws_ptr + (b * S + split) * (2 * C + 2)
-        t_sum = tl.load(slot + cols, mask=cmask, other=0.0)
-        nb = tl.load(slot + 2 * C + 1)
-        delta = t_sum / nb - total / tl.maximum(seen, 1.0)
-        m2 += tl.load(slot + C + cols, mask=cmask, other=0.0) + delta * delta * (
-            seen * nb / (seen + nb)
-        )
-        total += t_sum
-        seen += nb
-        ent += tl.load(slot + 2 * C)
-    _finish(total, m2, ent, seen, out_ptr + b * (7 + 2 * n_top), C, n_top, abstain_k, eps,
-            inv_log_c, BLOCK_C)  # fmt: skip
-
-
 if triton is not None:
     # Sizes and the top-k count vary per batch and per request: one compiled kernel serves them all.
     _member_stats = triton.jit(_member_stats)
@@ -197,10 +150,6 @@ if triton is not None:
     _decision_kernel = triton.jit(
         _decision_kernel, do_not_specialize=["M", "C", "stride_b", "stride_m", "n_top"]
     )
-    _partial_kernel = triton.jit(
-        _partial_kernel, do_not_specialize=["M", "C", "stride_b", "stride_m", "per_split"]
-    )
-    _combine_kernel = triton.jit(_combine_kernel, do_not_specialize=["S", "C", "n_top"])
 
 
 def supports(members: Tensor) -> bool:
@@ -221,17 +170,14 @@ def fused_decide(
     *,
     block_m: int | None = None,
     num_warps: int | None = None,
-    splits: int | None = None,
 ) -> Tensor:
-    """:func:`models.serving.decide` in one kernel launch (two for small batches): members
-    ``(B, M, C)`` -> the packed ``(B, 7 + 2n)`` float64 block, ``n = min(top_k, C)``, on the
-    members' device.
+    """:func:`models.serving.decide` in one kernel launch: members ``(B, M, C)`` -> the packed
+    ``(B, 7 + 2n)`` float64 block, ``n = min(top_k, C)``, on the members' device.
 
     CUDA tensors (see :func:`supports`); CPU tensors only under Triton's interpreter
     (``TRITON_INTERPRET=1`` before Triton is imported), which is how CI checks the kernel.
-    ``block_m`` (members per tile, a power of two), ``num_warps`` and ``splits`` (programs per
-    sample, each over a slice of the members, merged by a second kernel) override the launch
-    configuration chosen from the shape and the device (``benchmarks.decision`` sweeps them).
+    ``block_m`` (members per tile, a power of two) and ``num_warps`` override the launch
+    configuration chosen from the shape (``benchmarks.decision`` sweeps them).
     """
     if triton is None:
         raise RuntimeError("fused_decide needs Triton (it ships with torch's CUDA builds)")
@@ -250,47 +196,8 @@ def fused_decide(
     if block_m is None:
         block_m = max(1, min(1 << max(0, m - 1).bit_length(), _TILE // block_c))
     warps = num_warps or max(1, min(16, block_m * block_c // 1024))
-    if splits is None:
-        splits = _default_splits(b, m * c, x.device)
-    # Members per program: whole tiles, and no program without members.
-    per_split = -(-m // max(1, splits))
-    per_split = -(-per_split // block_m) * block_m
-    splits = -(-m // per_split)
-    k, inv_log_c = float(abstain_k), 1.0 / math.log(c)
-    if splits == 1:
-        _decision_kernel[(b,)](
-            x, out, m, c, x.stride(0), x.stride(1), n, k, EPS, inv_log_c,
-            BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps,
-        )  # fmt: skip
-        return out
-    ws = torch.empty((b, splits, 2 * c + 2), dtype=torch.float32, device=x.device)
-    _partial_kernel[(b, splits)](
-        x, ws, m, c, x.stride(0), x.stride(1), per_split,
+    _decision_kernel[(b,)](
+        x, out, m, c, x.stride(0), x.stride(1), n, float(abstain_k), EPS, 1.0 / math.log(c),
         BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps,
     )  # fmt: skip
-    _combine_kernel[(b,)](
-        ws, out, splits, c, n, k, EPS, inv_log_c,
-        BLOCK_C=block_c, num_warps=max(1, min(8, block_c // 256)),
-    )  # fmt: skip
     return out
-
-
-#: Programs per multiprocessor the default launch aims for at small batches (``splits``).
-_PROGRAMS_PER_SM = 2
-
-
-def _default_splits(batch: int, elements: int, device: torch.device) -> int:
-    """Member slices per sample: enough programs to give every multiprocessor
-    :data:`_PROGRAMS_PER_SM` when the batch alone does not. 1 off CUDA, and for samples of under
-    four tiles (``M·C`` elements), where a second launch costs more than the idle multiprocessors."""
-    if device.type != "cuda" or elements < 4 * _TILE:
-        return 1
-    sms = _multiprocessors(
-        device.index if device.index is not None else torch.cuda.current_device()
-    )
-    return max(1, (_PROGRAMS_PER_SM * sms) // batch)
-
-
-@functools.cache
-def _multiprocessors(index: int) -> int:
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)

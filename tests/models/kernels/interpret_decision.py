@@ -37,17 +37,6 @@ def cases() -> list[tuple[str, torch.Tensor, float, int, dict[str, Any]]]:
         ("flat members", _softmax((4, 8, 16), 9, sharp=0.01), 1.0, 4, {}),
         ("huge k", _softmax((3, 4, 9), 10), 1e9, 2, {}),
         ("empty batch", _softmax((0, 4, 9), 11), 1.0, 2, {}),
-        # Members split over several programs per sample, merged by the second kernel.
-        ("paper size, two slices", _softmax((2, 100, 1000), 15), 1.0, 5, {"splits": 2}),
-        (
-            "three slices of two tiles",
-            _softmax((3, 23, 12), 16),
-            0.7,
-            4,
-            {"block_m": 4, "splits": 3},
-        ),
-        ("a slice per member", _softmax((2, 5, 9), 17), 1.0, 3, {"block_m": 1, "splits": 8}),
-        ("one member, slices asked", _softmax((2, 1, 6), 18), 1.0, 2, {"splits": 4}),
     ]
     # Exact ties: classes 1 and 3 equal in every member, and the largest mean.
     tie = _softmax((3, 4, 6), 12)
@@ -56,16 +45,9 @@ def cases() -> list[tuple[str, torch.Tensor, float, int, dict[str, Any]]]:
     out.append(("ties", tie, 1.0, 6, {}))
     # One-hot members (0 log 0 = 0): the SI's three members over three classes give EU = 1.
     out.append(("one-hot", torch.eye(3).unsqueeze(0).repeat(2, 1, 1), 1.0, 3, {}))
-    out.append(
-        (
-            "one-hot, sliced",
-            torch.eye(3).unsqueeze(0).repeat(2, 1, 1),
-            1.0,
-            3,
-            {"block_m": 1, "splits": 3},
-        )
-    )
-    out.append(("ties, sliced", tie, 1.0, 6, {"block_m": 2, "splits": 2}))
+    out.append(("one-hot, one member per tile", torch.eye(3).unsqueeze(0).repeat(2, 1, 1), 1.0, 3,
+                {"block_m": 1}))  # fmt: skip
+    out.append(("ties, tiles of two", tie, 1.0, 6, {"block_m": 2}))
     # A strided view (every second member) and float64 members.
     out.append(("strided members", _softmax((3, 10, 11), 13)[:, ::2, :], 1.0, 3, {}))
     out.append(("float64", _softmax((3, 6, 8), 14).double(), 1.0, 3, {}))

@@ -54,18 +54,21 @@ def test_fused_kernel_matches_decide(interpreted: dict[str, np.ndarray], i: int)
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
 
 
-def test_ties_list_the_lowest_class_first(interpreted: dict[str, np.ndarray]) -> None:
-    i = [c[0] for c in cases()].index("ties")
+@pytest.mark.parametrize("name", ["ties", "ties, tiles of two"])
+def test_ties_list_the_lowest_class_first(interpreted: dict[str, np.ndarray], name: str) -> None:
+    i = [c[0] for c in cases()].index(name)
     got = interpreted[f"case{i}"]
     f = len(FIXED_COLUMNS)
     assert (got[:, 0] == 1).all()  # classes 1 and 3 tie for the top: predict 1
     assert (got[:, f : f + 2] == [1, 3]).all()
 
 
+@pytest.mark.parametrize("name", ["one-hot", "one-hot, one member per tile"])
 def test_one_hot_members_give_full_epistemic_uncertainty(
-    interpreted: dict[str, np.ndarray],
+    interpreted: dict[str, np.ndarray], name: str
 ) -> None:
-    i = [c[0] for c in cases()].index("one-hot")
+    """The SI's example: three one-hot members over three classes give TU = EU = 1, AU = 0."""
+    i = [c[0] for c in cases()].index(name)
     tu, au, eu = (interpreted[f"case{i}"][:, FIXED_COLUMNS.index(c)] for c in ("tu", "au", "eu"))
     np.testing.assert_allclose(tu, 1.0, rtol=1e-6)
     np.testing.assert_allclose(au, 0.0, atol=1e-7)
