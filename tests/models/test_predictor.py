@@ -162,3 +162,20 @@ def test_compiled_bucketed_path_matches_eager(tmp_path):
         got = list(pool.map(serve, [5, 3] * 8))
     for rows, data in zip([5, 3] * 8, got, strict=True):
         np.testing.assert_allclose(data, eager[:rows], rtol=1e-5, atol=1e-5)
+
+
+def test_run_takes_numpy_and_tensor_parts_alike(tmp_path):
+    """The engine hands ``Predictor.run`` NumPy views of shared memory, tools hand tensors: one
+    ``np.concatenate`` gathers either, and float32 prepared parts join uint8 ones."""
+    pred = _save(tmp_path, vgn=True)
+    x = torch.randint(
+        0, 256, (6, 1, 28, 28), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
+    )
+    opts = pred.options(top_k=2)
+    want = pred.score_columns(pred.run([x]), opts).data
+    parts = [x[:1].numpy(), x[1:4].numpy(), x[4:]]
+    np.testing.assert_array_equal(pred.score_columns(pred.run(parts), opts).data, want)
+    prepared = torch.stack([pred.prepare(img) for img in x[3:]])  # float32 (3, 1, 28, 28)
+    mixed = [x[:3].numpy(), prepared.numpy()]
+    got = pred.score_columns(pred.run(mixed), opts).data
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
