@@ -102,6 +102,8 @@ def _fused_row(x: torch.Tensor, want: torch.Tensor) -> tuple[float, str, str, in
             continue
         timed[(tile, warps)] = t = _us_per_sample(run, x)
         print(f"  fused B={b} tile={tile} warps={warps}: {t:.3f}", flush=True)
+    if not timed:
+        return fused, "every configuration wrong", f"{host:.1f}", ops
     (tile, warps), t_best = min(timed.items(), key=lambda kv: kv[1])
     return fused, f"{t_best:.3f} ({tile}, {warps})", f"{host:.1f}", ops
 

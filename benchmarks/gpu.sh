@@ -69,11 +69,13 @@ run_cpu() {
     --levels 64 256 --batch-levels 16 --rounds 1 --duration 3 --section "GPU host, vge on its CPU"
   save
 }
-# The steps run in the order GPU_STEPS names them (put first what must not be cut off).
+# The steps run in the order GPU_STEPS names them (put first what must not be cut off); every
+# name is checked before the first runs.
 for s in $STEPS; do
   case $s in
-    tests | decision | serving | profile | cpu) "run_$s" ;;
+    tests | decision | serving | profile | cpu) ;;
     *) echo "unknown step $s (tests decision serving profile cpu)"; exit 2 ;;
   esac
 done
+for s in $STEPS; do "run_$s"; done
 step done

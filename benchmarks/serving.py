@@ -13,6 +13,7 @@ score of 64-image batches in one process, no HTTP.
                                       # <server>:<model>: any zoo model behind any server
     python -m benchmarks.serving --targets vge vge-overlap   # VGE_BATCHES_IN_FLIGHT 1 vs 2
     python -m benchmarks.serving --targets vge vge@MAX_BATCH_SIZE=1024  # any VGE_ settings
+    python -m benchmarks.serving --targets vge:lenet5-lle-vgn-mnist@DEVICE=cuda:1
 
 Peers are benchmark-only (never runtime dependencies): LitServe from PyPI in this venv
 (``pip install litserve``); PyTriton 0.7 in its own Python 3.11 venv with ``numpy<2``, given by
@@ -152,14 +153,17 @@ def targets(
         port = _free_port()
         # "<server>:<model>" puts a zoo model (or a model directory) behind that server, e.g.
         # "pytriton:lenet5-lle-vgn-mnist"; without it every server serves the shipped default.
-        server, _, model = name.partition(":")
+        # "vge[:<model>]@KEY=VALUE,...": vge with VGE_ settings (values may hold ':', e.g. cuda:1)
+        spec, _, overrides = name.partition("@")
+        server, _, model = spec.partition(":")
         if name == "vge-lenet5":  # the paper's LeNet-5, for the model's share of the cost
             server, model = "vge", "lenet5-lle-vgn-mnist"
         model_env = {"VGE_MODEL_DIR": model} if model else {}
         if server == "vge-overlap":  # vge with two batches computing at once
             server, model_env = "vge", {**model_env, "VGE_BATCHES_IN_FLIGHT": "2"}
-        if server.startswith("vge@"):  # "vge@MAX_BATCH_SIZE=1024,BATCHES_IN_FLIGHT=2": settings
-            server, _, overrides = server.partition("@")
+        if overrides:
+            if server != "vge":
+                raise SystemExit(f"target {name!r}: only vge takes @KEY=VALUE settings")
             for pair in filter(None, overrides.split(",")):
                 key, eq, value = pair.partition("=")
                 if not eq:

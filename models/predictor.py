@@ -62,10 +62,11 @@ def bucket_sizes(max_batch: int) -> tuple[int, ...]:
 class Predictor:
     """A loaded, verified model plus its card; safe to call from several threads for inference.
 
-    Compiled (:meth:`compile`), calls into the compiled forward pass and decision take turns: code
-    from ``torch.compile`` is not thread-safe (a guard miss would recompile on two threads at once).
-    The copy of the decision back to the host is outside that turn, so with two serving threads
-    one launches its batch while the other waits for its copy.
+    Compiled (:meth:`compile`), calls into compiled code (the forward pass, and the decision where
+    it is torch's) take turns: code from ``torch.compile`` is not thread-safe (a guard miss would
+    recompile on two threads at once). The fused decision kernel (CUDA) and the copy back to the
+    host are outside that turn, so with two serving threads one launches its batch while the other
+    waits for its copy.
     """
 
     def __init__(self, module: nn.Module, card: ModelCard, device: torch.device) -> None:
@@ -77,7 +78,7 @@ class Predictor:
         self._decide: Decide = decide
         self._fused = False
         if device.type == "cuda":
-            fused = fused_decision(device, card.num_classes, max(1, card.members))
+            fused = fused_decision(device, card.num_classes, self._output_members())
             if fused is not None:
                 self._decide, self._fused = fused, True
         self._compiled = False
@@ -104,6 +105,13 @@ class Predictor:
             # weight's format), and answers agree with NCHW to float32 round-off (~1e-6).
             module = module.to(memory_format=torch.channels_last)
         return cls(module, card, dev)
+
+    def _output_members(self) -> int:
+        """``M`` of the module's output ``(B, M, C)`` (MC-dropout LLE: samples × heads), from one
+        forward pass of a blank image."""
+        c, (h, w) = self.card.in_channels, self.card.input_size
+        with torch.inference_mode():
+            return int(self.module(torch.zeros((1, c, h, w), device=self.device)).p.shape[1])
 
     @property
     def name(self) -> str:
@@ -184,10 +192,10 @@ class Predictor:
         shape = (rows, *arrays[0].shape[1:])
         if self.device.type != "cuda":
             if len(arrays) == 1 and rows == n:
-                return torch.from_numpy(arrays[0])
+                return torch.from_numpy(arrays[0]).to(self.device)
             out = np.empty(shape, np.uint8)
             np.concatenate(arrays, out=out[:n])
-            return torch.from_numpy(out)
+            return torch.from_numpy(out).to(self.device)  # a no-op on the CPU
         nbytes = math.prod(shape)
         staging = getattr(self._staging, "buffer", None)
         if staging is None or staging.numel() < nbytes:
@@ -199,9 +207,9 @@ class Predictor:
             self._staging.copied.synchronize()  # the last batch's copy out of this buffer is done
         host = staging[:nbytes].view(shape)
         np.concatenate(arrays, out=host.numpy()[:n])
-        x = host.to(self.device, non_blocking=True)
+        x = host.to(self.device, non_blocking=True)  # on the device's current stream
         copied = self._staging.copied or torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(self.device))
         self._staging.copied = copied
         return x
 
@@ -309,20 +317,20 @@ def fused_decision(device: torch.device, num_classes: int, num_members: int) -> 
     """The fused decision kernel for a model on ``device``, or None where it does not apply.
 
     None off CUDA, without Triton, or beyond the kernel's class limit; also, with a warning, when the
-    kernel fails to build or disagrees with :func:`models.serving.decide` on a random batch of this
-    model's shape (checked once, here: a server then runs the torch decision rather than stop).
+    kernel fails to build or disagrees with :func:`models.serving.decide` on a probe batch of this
+    model's shape (:func:`decision_probe`; checked once, here: a server then runs the torch
+    decision rather than stop).
     """
     from models.kernels import decision as kernel
 
-    probe = torch.softmax(
-        torch.randn((8, num_members, num_classes), generator=torch.Generator().manual_seed(0)), -1
-    ).to(device)
+    probe = decision_probe(num_classes, num_members).to(device)
     if not kernel.supports(probe):
         return None
+    top_k = min(num_classes, 5)
     try:
-        got = kernel.fused_decide(probe, 1.0, num_classes)
-        want = decide(probe, 1.0, num_classes)
-        agree = bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
+        agree = decisions_agree(
+            kernel.fused_decide(probe, 1.0, top_k), decide(probe, 1.0, top_k), top_k
+        )
     except Exception as exc:  # noqa: BLE001 - any build or launch failure means "use torch"
         warnings.warn(f"fused decision kernel unavailable, using torch: {exc}", stacklevel=2)
         return None
@@ -332,3 +340,25 @@ def fused_decision(device: torch.device, num_classes: int, num_members: int) -> 
         )
         return None
     return kernel.fused_decide
+
+
+def decision_probe(num_classes: int, num_members: int) -> Tensor:
+    """Member probabilities ``(8, M, C)`` whose class means are well apart: distinct logits per
+    class (0 to 4, shuffled) plus small member noise, so the order of the mean is the same in any
+    float32 summation order and a correct kernel cannot fail :func:`decisions_agree` on a near-tie."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.linspace(0.0, 4.0, num_classes)[torch.randperm(num_classes, generator=g)]
+    noise = 0.1 * torch.randn((8, num_members, num_classes), generator=g)
+    return torch.softmax(logits + noise, dim=-1)
+
+
+def decisions_agree(got: Tensor, want: Tensor, top_k: int) -> bool:
+    """Two packed decision blocks (:func:`models.serving.decide`) agree: the same predictions,
+    abstentions and top-``k`` classes, and scores equal to float32 round-off."""
+    f = 7  # models.serving.FIXED_COLUMNS
+    return (
+        got.shape == want.shape
+        and torch.equal(got[:, :2], want[:, :2])
+        and torch.equal(got[:, f : f + top_k], want[:, f : f + top_k])
+        and bool(torch.allclose(got, want, rtol=1e-4, atol=1e-5))
+    )

@@ -93,8 +93,9 @@ class Settings(BaseSettings):
     )
     compile: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="torch.compile the forward pass and the decision (fused kernels); "
-        "auto: on for CUDA, off on CPU. Falls back to eager when compilation fails.",
+        description="torch.compile the forward pass (fused kernels), and the decision where it is "
+        "torch's (on CUDA it is one Triton kernel either way); auto: on for CUDA, off on CPU. "
+        "Falls back to eager when compilation fails.",
     )
     shm_mb_per_worker: Annotated[int, Field(ge=1, le=65536)] = Field(
         64, description="Shared-memory arena per front end for request tensors (MiB, sparse)."

@@ -34,6 +34,7 @@ which has no GPU, checks it against :func:`models.serving.decide`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -54,9 +55,9 @@ MAX_CLASSES = 8192
 _TILE = 16384
 
 
-def _member_stats(base, stride_m, m_lo, m_hi, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Members ``[m_lo, m_hi)`` of one sample -> per class ``Σ_m p_m``, ``M2 = Σ_m (p_m − p̄)²`` and
-    ``Σ_m −p_m log p_m`` (each ``(BLOCK_C,)``), and the member count.
+def _member_stats(base, stride_m, M, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One sample's ``M`` members -> per class ``Σ_m p_m``, ``M2 = Σ_m (p_m − p̄)²`` and
+    ``Σ_m −p_m log p_m``, each ``(BLOCK_C,)``.
 
     Tiles of ``BLOCK_M`` members merged by Chan et al.'s update. Sums, not running means, are
     carried, so classes whose members sum exactly alike (e.g. permuted one-hot members) get
@@ -70,11 +71,11 @@ def _member_stats(base, stride_m, m_lo, m_hi, C, BLOCK_M: tl.constexpr, BLOCK_C:
     m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
     ent = tl.zeros([BLOCK_C], dtype=tl.float32)
     seen = 0.0
-    for m0 in range(m_lo, m_hi, BLOCK_M):
+    for m0 in range(0, M, BLOCK_M):
         r = m0 + rows
-        mask = (r < m_hi)[:, None] & cmask[None, :]
+        mask = (r < M)[:, None] & cmask[None, :]
         x = tl.load(base + r[:, None] * stride_m + cols[None, :], mask=mask, other=0.0)
-        nb = tl.minimum(m_hi - m0, BLOCK_M).to(tl.float32)  # members in this tile
+        nb = tl.minimum(M - m0, BLOCK_M).to(tl.float32)  # members in this tile
         t_sum = tl.sum(x, axis=0)  # (BLOCK_C,)
         t_mean = t_sum / nb
         d = tl.where(mask, x - t_mean[None, :], 0.0)
@@ -83,25 +84,33 @@ def _member_stats(base, stride_m, m_lo, m_hi, C, BLOCK_M: tl.constexpr, BLOCK_C:
         total += t_sum
         seen += nb
         ent += tl.sum(tl.where(x > 0.0, -x * tl.log(x), 0.0), axis=0)
-    return total, m2, ent, seen
+    return total, m2, ent
 
 
-def _finish(total, m2, ent_total, seen, row, C, n_top, abstain_k, eps, inv_log_c,
-            BLOCK_C: tl.constexpr):  # fmt: skip
-    """One sample's statistics -> its packed row at ``row`` (``7 + 2 n_top`` float64)."""
+def _finish(total, m2, ent, M, row, C, n_top, abstain_k, eps, inv_log_c, BLOCK_C: tl.constexpr):
+    """One sample's statistics -> its packed row at ``row`` (``7 + 2 n_top`` float64).
+
+    A NaN among the members (a broken model) answers as torch's ``decide`` does: NaN scores,
+    abstain, and the NaN classes ranked first (lowest class first), predicting the first of them.
+    """
     cols = tl.arange(0, BLOCK_C)
     cmask = cols < C
-    mean = total / seen
+    members = M.to(tl.float32)
+    mean = total / members
+    nan = float("nan")
+    inf = float("inf")
+    is_nan = (mean != mean) & cmask
+    any_nan = tl.max(is_nan.to(tl.int32), axis=0) > 0
     # Spreads s = std + ε (std := 0 for one member), as models.uncertainty.moments.
-    std = tl.where(seen > 1.0, tl.sqrt(m2 / tl.maximum(seen - 1.0, 1.0)), 0.0)
+    std = tl.where(members > 1.0, tl.sqrt(m2 / tl.maximum(members - 1.0, 1.0)), 0.0)
     s = std + eps
+    # The ranking key: the mean, NaN above everything (torch's descending sort), padding last.
+    order = tl.where(cmask, tl.where(is_nan, inf, mean), -inf)
     # Top-2 of the mean (ties to the lowest class) and their spreads (Section 3.2).
-    neg_inf = float("-inf")
-    work = tl.where(cmask, mean, neg_inf)
-    p1 = tl.max(work, axis=0)
-    i1 = tl.argmax(work, axis=0, tie_break_left=True)
+    p1 = tl.max(order, axis=0)
+    i1 = tl.argmax(order, axis=0, tie_break_left=True)
     s1 = tl.sum(tl.where(cols == i1, s, 0.0), axis=0)
-    rest = tl.where(cols == i1, neg_inf, work)
+    rest = tl.where(cols == i1, -inf, order)
     p2 = tl.max(rest, axis=0)
     i2 = tl.argmax(rest, axis=0, tie_break_left=True)
     s2 = tl.sum(tl.where(cols == i2, s, 0.0), axis=0)
@@ -111,23 +120,24 @@ def _finish(total, m2, ent_total, seen, row, C, n_top, abstain_k, eps, inv_log_c
     vgmu = 1.0 - gate * p1
     abstain = tl.where(p1 - abstain_k * s1 > p2 + abstain_k * s2, 0.0, 1.0)
     # TU/AU/EU in units of log C (Section 3.3).
-    tu = tl.sum(tl.where(work > 0.0, -work * tl.log(work), 0.0), axis=0) * inv_log_c
-    au = ent_total / seen * inv_log_c
+    tu = tl.sum(tl.where(order > 0.0, -order * tl.log(order), 0.0), axis=0) * inv_log_c
+    au = tl.sum(ent, axis=0) / members * inv_log_c
     tu = tl.minimum(tl.maximum(tu, 0.0), 1.0)
     au = tl.minimum(tl.minimum(tl.maximum(au, 0.0), 1.0), tu)
+    eu = tu - au
     tl.store(row + 0, i1.to(tl.float64))
-    tl.store(row + 1, abstain.to(tl.float64))
-    tl.store(row + 2, vgmu.to(tl.float64))
-    tl.store(row + 3, snr.to(tl.float64))
-    tl.store(row + 4, tu.to(tl.float64))
-    tl.store(row + 5, au.to(tl.float64))
-    tl.store(row + 6, (tu - au).to(tl.float64))
+    tl.store(row + 1, tl.where(any_nan, 1.0, abstain).to(tl.float64))
+    tl.store(row + 2, tl.where(any_nan, nan, vgmu).to(tl.float64))
+    tl.store(row + 3, tl.where(any_nan, nan, snr).to(tl.float64))
+    tl.store(row + 4, tl.where(any_nan, nan, tu).to(tl.float64))
+    tl.store(row + 5, tl.where(any_nan, nan, au).to(tl.float64))
+    tl.store(row + 6, tl.where(any_nan, nan, eu).to(tl.float64))
     for j in range(n_top):  # the top-k of the mean, most probable first
-        p = tl.max(work, axis=0)
-        i = tl.argmax(work, axis=0, tie_break_left=True)
+        p = tl.max(order, axis=0)
+        i = tl.argmax(order, axis=0, tie_break_left=True)
         tl.store(row + 7 + j, i.to(tl.float64))
-        tl.store(row + 7 + n_top + j, p.to(tl.float64))
-        work = tl.where(cols == i, neg_inf, work)
+        tl.store(row + 7 + n_top + j, tl.where(p == inf, nan, p).to(tl.float64))
+        order = tl.where(cols == i, -inf, order)
 
 
 def _decision_kernel(
@@ -138,9 +148,9 @@ def _decision_kernel(
 ):  # fmt: skip
     """One program per sample: its members' statistics, then its row."""
     b = tl.program_id(0).to(tl.int64)
-    total, m2, ent, seen = _member_stats(x_ptr + b * stride_b, stride_m, 0, M, C, BLOCK_M, BLOCK_C)
-    _finish(total, m2, tl.sum(ent, axis=0), seen, out_ptr + b * (7 + 2 * n_top), C, n_top,
-            abstain_k, eps, inv_log_c, BLOCK_C)  # fmt: skip
+    total, m2, ent = _member_stats(x_ptr + b * stride_b, stride_m, M, C, BLOCK_M, BLOCK_C)
+    _finish(total, m2, ent, M, out_ptr + b * (7 + 2 * n_top), C, n_top, abstain_k, eps,
+            inv_log_c, BLOCK_C)  # fmt: skip
 
 
 if triton is not None:
@@ -176,6 +186,7 @@ def fused_decide(
 
     CUDA tensors (see :func:`supports`); CPU tensors only under Triton's interpreter
     (``TRITON_INTERPRET=1`` before Triton is imported), which is how CI checks the kernel.
+    Arithmetic is float32 (what a server scores: float64 members are converted first).
     ``block_m`` (members per tile, a power of two) and ``num_warps`` override the launch
     configuration chosen from the shape (``benchmarks.decision`` sweeps them).
     """
@@ -183,7 +194,7 @@ def fused_decide(
         raise RuntimeError("fused_decide needs Triton (it ships with torch's CUDA builds)")
     check_abstain_k(abstain_k)
     b, m, c = members.shape
-    n = max(1, min(int(top_k), c))
+    n = max(0, min(int(top_k), c))
     x = members if members.dtype == torch.float32 else members.float()
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -196,8 +207,11 @@ def fused_decide(
     if block_m is None:
         block_m = max(1, min(1 << max(0, m - 1).bit_length(), _TILE // block_c))
     warps = num_warps or max(1, min(16, block_m * block_c // 1024))
-    _decision_kernel[(b,)](
-        x, out, m, c, x.stride(0), x.stride(1), n, float(abstain_k), EPS, 1.0 / math.log(c),
-        BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps,
-    )  # fmt: skip
+    # Triton launches on the current CUDA device: make it the members' (cuda:N, N > 0).
+    on_device = torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+    with on_device:
+        _decision_kernel[(b,)](
+            x, out, m, c, x.stride(0), x.stride(1), n, float(abstain_k), EPS, 1.0 / math.log(c),
+            BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps,
+        )  # fmt: skip
     return out

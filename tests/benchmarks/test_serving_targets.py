@@ -21,6 +21,14 @@ def test_vge_targets_carry_their_settings(tmp_path: Path) -> None:
     assert len({plain.port, overlap.port, tuned.port}) == 3
 
 
-def test_a_setting_without_a_value_is_refused(tmp_path: Path) -> None:
+def test_a_model_and_settings_with_colons_in_their_values(tmp_path: Path) -> None:
+    (t,) = targets(["vge:lenet5-lle-vgn-mnist@DEVICE=cuda:1,MAX_BATCH_SIZE=64"], None, tmp_path)
+    assert t.env["VGE_MODEL_DIR"] == "lenet5-lle-vgn-mnist"
+    assert t.env["VGE_DEVICE"] == "cuda:1" and t.env["VGE_MAX_BATCH_SIZE"] == "64"
+
+
+def test_a_setting_without_a_value_or_on_a_peer_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         targets(["vge@MAX_BATCH_SIZE"], None, tmp_path)
+    with pytest.raises(SystemExit, match="only vge"):
+        targets(["litserve@WORKERS=2"], None, tmp_path)

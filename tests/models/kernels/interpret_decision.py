@@ -48,6 +48,16 @@ def cases() -> list[tuple[str, torch.Tensor, float, int, dict[str, Any]]]:
     out.append(("one-hot, one member per tile", torch.eye(3).unsqueeze(0).repeat(2, 1, 1), 1.0, 3,
                 {"block_m": 1}))  # fmt: skip
     out.append(("ties, tiles of two", tie, 1.0, 6, {"block_m": 2}))
+    # NaN members (a broken model): NaN scores, abstain, NaN classes ranked first, as decide().
+    broken = _softmax((3, 4, 6), 19)
+    broken[1, 2, 3] = float("nan")
+    broken[2, 0, 4] = broken[2, 3, 1] = float("nan")
+    out.append(("NaN members", broken, 1.0, 6, {}))
+    out.append(("no top-k", _softmax((2, 3, 5), 20), 1.0, 0, {}))
+    # The predictor's start-up probe at a shape where plain random members tie by rounding.
+    from models.predictor import decision_probe
+
+    out.append(("start-up probe, C=1000", decision_probe(1000, 5), 1.0, 5, {}))
     # A strided view (every second member) and float64 members.
     out.append(("strided members", _softmax((3, 10, 11), 13)[:, ::2, :], 1.0, 3, {}))
     out.append(("float64", _softmax((3, 6, 8), 14).double(), 1.0, 3, {}))

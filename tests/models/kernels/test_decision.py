@@ -75,6 +75,36 @@ def test_one_hot_members_give_full_epistemic_uncertainty(
     np.testing.assert_allclose(eu, 1.0, rtol=1e-6)
 
 
+def test_nan_members_abstain_with_nan_scores(interpreted: dict[str, np.ndarray]) -> None:
+    """A model that outputs NaN must never look confident: the rows with NaN abstain."""
+    i = [c[0] for c in cases()].index("NaN members")
+    got = interpreted[f"case{i}"]
+    assert (got[1:, 1] == 1.0).all() and np.isnan(got[1:, 2:7]).all()
+    assert np.isfinite(got[0, 2:7]).all()
+    assert got[1, 0] == 3 and got[2, 0] == 1  # the first NaN class, as torch's argmax
+    f = len(FIXED_COLUMNS)
+    assert got[2, f : f + 2].tolist() == [1, 4]  # NaN classes first, lowest first
+
+
+def test_the_start_up_probe_agrees_with_a_correct_kernel(
+    interpreted: dict[str, np.ndarray],
+) -> None:
+    """``Predictor`` serves the kernel only if it agrees with ``decide`` on this probe: a correct
+    kernel must pass (no near-ties), and a wrong class or score must fail."""
+    from models.predictor import decision_probe, decisions_agree
+
+    i = [c[0] for c in cases()].index("start-up probe, C=1000")
+    got = torch.from_numpy(interpreted[f"case{i}"])
+    want = decide(decision_probe(1000, 5), 1.0, 5)
+    assert decisions_agree(got, want, 5)
+    wrong = got.clone()
+    wrong[0, 8] = wrong[0, 9]  # the second class listed twice
+    assert not decisions_agree(wrong, want, 5)
+    off = got.clone()
+    off[3, 2] += 1e-3  # VGMU off by more than round-off
+    assert not decisions_agree(off, want, 5)
+
+
 def test_shapes_the_kernel_does_not_serve_are_refused() -> None:
     x = torch.ones(2, 3, 1)
     assert not kernel.supports(x)  # CPU tensor, and one class
