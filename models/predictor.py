@@ -37,7 +37,14 @@ from models.checkpoint import ModelCard, load_checkpoint
 from models.data import conform_image, normalise_uint8
 from models.ensembles import EnsembleOutput
 from models.nets.fold import fold_batchnorm
-from models.serving import ScoreColumns, ScoreOptions, compile_decide, decide, resolve_options
+from models.serving import (
+    FIXED_COLUMNS,
+    ScoreColumns,
+    ScoreOptions,
+    compile_decide,
+    decide,
+    resolve_options,
+)
 
 __all__ = ["Predictor", "bucket_sizes", "default_device"]
 
@@ -268,9 +275,9 @@ class Predictor:
 
         Batches are padded to power-of-two buckets (:meth:`run`, :func:`models.serving.compile_decide`):
         the forward pass is compiled with automatic dynamic batch sizes (a few compilations cover
-        every bucket), the decision once per bucket (unless it is already the fused kernel). Compiles now for the ``warm_up`` batch sizes
-        (see :func:`bucket_sizes`); falls back to eager execution, with a warning, when compilation
-        fails. Returns whether it compiled.
+        every bucket), the decision once per bucket (unless it is already the fused kernel).
+        Compiles now for the ``warm_up`` batch sizes (see :func:`bucket_sizes`); falls back to
+        eager execution, with a warning, when compilation fails. Returns whether it compiled.
         """
         import torch._dynamo
 
@@ -355,7 +362,7 @@ def decision_probe(num_classes: int, num_members: int) -> Tensor:
 def decisions_agree(got: Tensor, want: Tensor, top_k: int) -> bool:
     """Two packed decision blocks (:func:`models.serving.decide`) agree: the same predictions,
     abstentions and top-``k`` classes, and scores equal to float32 round-off."""
-    f = 7  # models.serving.FIXED_COLUMNS
+    f = len(FIXED_COLUMNS)
     return (
         got.shape == want.shape
         and torch.equal(got[:, :2], want[:, :2])

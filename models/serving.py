@@ -163,6 +163,13 @@ class ScoreColumns:
         """One device→host copy of the packed block."""
         return cls(packed.detach().to("cpu").numpy())
 
+    @classmethod
+    def from_bytes(cls, data: bytes, top_k: int) -> ScoreColumns:
+        """The block from its raw float64 bytes (``data.tobytes()``), ``n = top_k`` classes per
+        row: how a server passes rows between processes without pickling an array."""
+        width = len(FIXED_COLUMNS) + 2 * top_k
+        return cls(np.frombuffer(data, np.float64).reshape(-1, width))
+
     def __len__(self) -> int:
         return int(self.data.shape[0])
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from models.serving import FIXED_COLUMNS, ScoreColumns, ScoreOptions
+from models.serving import ScoreColumns, ScoreOptions
 from service.errors import NotReady, QueueFull
 from service.ipc import FrameReader, InferRequest, RemoteError, encode
 from service.model_manager import ModelInfo
@@ -254,8 +254,7 @@ class EngineClient:
             self.release(region)
             raise
         data = await _wait(future, timeout_s + ANSWER_GRACE_S)  # the rows' float64 bytes
-        width = len(FIXED_COLUMNS) + 2 * options.top_k  # models.serving.decide's packed block
-        return ScoreColumns(np.frombuffer(data, np.float64).reshape(a.shape[0], width))
+        return ScoreColumns.from_bytes(data, options.top_k)
 
     async def call(self, method: str, timeout_s: float = 600.0, **kwargs: Any) -> Any:
         """Run an admin method in the engine (model swaps, training jobs)."""

@@ -76,8 +76,8 @@ class Arena:
         """A NumPy array of ``dtype`` and ``shape`` over the bytes at ``offset`` (no copy).
 
         Both sides use it: a front end decodes into its region through one, the engine reads the
-        region through another, and the compute thread wraps it with ``torch.as_tensor`` (no
-        copy). NumPy makes the view in ~0.5 µs without releasing the GIL, where a torch view took
+        region through another, and its compute thread gathers a batch's arrays with one
+        ``np.concatenate`` (``Predictor.run``). NumPy makes the view in ~0.5 µs without releasing the GIL, where a torch view took
         three torch calls (~4 µs), each handing the GIL to the engine's compute thread, which may
         keep it for a whole switch interval: on an H100 host at 5,000 req/s the torch view took
         17 % of the engine's CPU samples. Each array keeps the mapping alive after :meth:`close`.

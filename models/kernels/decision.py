@@ -40,6 +40,7 @@ import math
 import torch
 from torch import Tensor
 
+from models.serving import FIXED_COLUMNS
 from models.uncertainty.margin import check_abstain_k
 from models.uncertainty.validation import EPS
 
@@ -200,7 +201,7 @@ def fused_decide(
         x = x.contiguous()
     if m < 1 or not 2 <= c <= MAX_CLASSES:
         raise ValueError(f"fused_decide needs M >= 1 and 2 <= C <= {MAX_CLASSES}; got {m} and {c}")
-    out = torch.empty((b, 7 + 2 * n), dtype=torch.float64, device=x.device)
+    out = torch.empty((b, len(FIXED_COLUMNS) + 2 * n), dtype=torch.float64, device=x.device)
     if b == 0:
         return out
     block_c = 1 << max(0, c - 1).bit_length()

@@ -64,3 +64,16 @@ def test_compiled_decide_matches_eager_and_never_recompiles_for_request_options(
                 np.testing.assert_allclose(got, decide(x, k, top_k), rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="abstain_k"):
         compiled(x5, -1.0, 1)
+
+
+def test_score_columns_cross_processes_as_raw_bytes() -> None:
+    """What the engine sends a front end: the rows' float64 bytes, shaped again by ``top_k``."""
+    members = torch.softmax(torch.randn(5, 3, 6, generator=torch.Generator().manual_seed(1)), -1)
+    block = ScoreColumns.from_tensor(decide(members, 1.0, 2))
+    back = ScoreColumns.from_bytes(block.rows(1, 4).data.tobytes(), top_k=2)
+    np.testing.assert_array_equal(back.data, block.data[1:4])
+    assert (
+        back.top_k == 2
+        and back.column("prediction").tolist() == block.column("prediction")[1:4].tolist()
+    )
+    assert len(ScoreColumns.from_bytes(b"", top_k=2)) == 0
