@@ -21,7 +21,6 @@ from service.deps import ServiceState
 from service.engine_client import EngineClient
 from service.errors import install_error_handlers
 from service.metrics import Metrics
-from service.middleware import ServingMiddleware
 from service.reviews import ReviewStore
 from service.routes import health, jobs, models, predict, reviews, v2
 from service.settings import Settings
@@ -100,7 +99,6 @@ def create_app(settings: Settings, engine: EngineClient) -> FastAPI:
     state = ServiceState(settings, metrics, engine)
     app.state.service = state
     install_error_handlers(app)
-    app.add_middleware(ServingMiddleware, state=state)  # body cap, metrics, drain, arrival
     for module in (health, predict, models, jobs, reviews, v2):
         app.include_router(module.router)
     app.include_router(reviews.page_router)

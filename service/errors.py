@@ -8,12 +8,14 @@ count rejections by reason. Only a genuine server fault is a 500.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 log = logging.getLogger("vge.service")
 
@@ -126,15 +128,42 @@ def _format_validation(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def _allowed_methods(request: Request) -> str:
-    """Every method any route serves at this path: Starlette's 405 names only the first route
-    whose path matches (e.g. GET of ``/v1/reviews/{id}``, not the POST that is a separate route)."""
-    methods: set[str] = set()
-    for route in request.app.routes:
-        regex = getattr(route, "path_regex", None)
-        if regex is not None and regex.match(request.url.path) and getattr(route, "methods", None):
-            methods |= set(route.methods)
-    return ", ".join(sorted(methods))
+#: The operations an OpenAPI path item may hold (its other keys are parameters, summary, ...).
+_OPERATIONS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+
+
+def _allowed_methods(request: Request, fallback: str) -> str:
+    """The methods of the resource at this path, as the OpenAPI document describes it.
+
+    Starlette's 405 names only the first route whose path matches (e.g. GET of
+    ``/v1/reviews/{id}``, not the POST that is a separate route), and FastAPI includes routers
+    lazily (``app.routes`` holds the routers, not their routes, since 0.16x), so the table comes
+    from what the app documents: its OpenAPI path items (GET implying HEAD, as Starlette serves
+    it), plus the app's own top-level routes. Concrete paths win over templated ones, as OpenAPI
+    matches them (``/v1/models/promote`` is not ``/v1/models/{name}``). A path documented nowhere
+    (``/metrics``) keeps ``fallback``, the router's own ``Allow``.
+    """
+    table: list[tuple[re.Pattern[str], int, set[str]]] | None = getattr(
+        request.app.state, "allow_table", None
+    )
+    if table is None:
+        table = []
+        for template, item in request.app.openapi()["paths"].items():
+            methods = {op.upper() for op in item if op in _OPERATIONS}
+            if "GET" in methods:
+                methods.add("HEAD")
+            table.append((compile_path(template)[0], template.count("{"), methods))
+        for route in request.app.routes:
+            regex, methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+            if regex is not None and methods:
+                table.append((regex, route.path.count("{"), set(methods)))
+        request.app.state.allow_table = table
+    path = request.url.path
+    matches = [(params, methods) for regex, params, methods in table if regex.match(path)]
+    if not matches:
+        return fallback
+    fewest = min(params for params, _ in matches)
+    return ", ".join(sorted(set().union(*(m for p, m in matches if p == fewest))))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -163,7 +192,7 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:
-            headers["Allow"] = _allowed_methods(request)
+            headers["Allow"] = _allowed_methods(request, headers.get("Allow", ""))
         return JSONResponse(
             error_body(str(exc.detail), code), status_code=exc.status_code, headers=headers
         )

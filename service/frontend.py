@@ -23,6 +23,8 @@ import uvicorn
 from service.app import create_app
 from service.deps import ServiceState
 from service.engine_client import EngineClient
+from service.middleware import ServingMiddleware
+from service.routes.direct import DirectDispatch
 from service.settings import Settings
 from service.shm import Arena
 
@@ -107,8 +109,10 @@ def frontend_main(
     )
     engine = EngineClient(engine_socket, Arena(arena_path, arena_size))
     app = create_app(settings, engine)
+    # body cap, metrics, drain, arrival; then the scoring routes straight to their endpoints
+    served = ServingMiddleware(DirectDispatch(app), app.state.service)
     config = uvicorn.Config(
-        app,
+        served,
         loop=LOOP,
         http=HTTP,
         log_level=settings.log_level,

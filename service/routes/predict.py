@@ -16,7 +16,7 @@ from service.errors import BadInput, InvalidValue
 from service.inference import predict_images, resolve_options
 from service.multipart import parse_form
 from service.reviews import ReviewPolicy, chosen_for_review, queue_answers
-from service.routes.direct import DirectRoute
+from service.routes.direct import add_direct_route
 from service.routes.schemas import (
     PredictJSON,
     PredictOptions,
@@ -141,12 +141,10 @@ async def predict(request: Request) -> Response:
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
 
 
-router.add_api_route(
+add_direct_route(  # the request in, the Response out, past FastAPI (routes/direct.py)
+    router,
     "/predict",
     predict,
-    methods=["POST"],
-    route_class_override=DirectRoute,  # the request in, the Response out (routes/direct.py)
-    response_class=Response,  # encoded here; the schema below documents it
     responses={200: {"model": PredictResponse, "description": "One result per image."}},
     openapi_extra=_BODY_DOC,
 )

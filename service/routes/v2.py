@@ -33,7 +33,7 @@ from service.deps import State, service_state
 from service.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.inference import predict_tensor, resolve_options
 from service.model_manager import ModelInfo
-from service.routes.direct import DirectRoute
+from service.routes.direct import add_direct_route
 from service.routes.health import is_ready
 from service.routes.predict import parse_json
 from service.routes.schemas import error_responses
@@ -343,11 +343,8 @@ async def model_infer(name: str, request: Request) -> Response:
     return await _infer(state.model(name), request, state)
 
 
-# The request in, the Response out (routes/direct.py): the body is parsed and encoded by _infer.
-router.add_api_route(
-    "/models/{name}/infer", model_infer, methods=["POST"], response_class=Response,
-    route_class_override=DirectRoute,
-)  # fmt: skip
+# The request in, the Response out, past FastAPI (routes/direct.py): _infer parses and encodes.
+add_direct_route(router, "/models/{name}/infer", model_infer)
 
 
 async def model_version_infer(name: str, version: str, request: Request) -> Response:
@@ -356,7 +353,4 @@ async def model_version_infer(name: str, version: str, request: Request) -> Resp
     return await _infer(_versioned(state, name, version), request, state)
 
 
-router.add_api_route(
-    "/models/{name}/versions/{version}/infer", model_version_infer, methods=["POST"],
-    response_class=Response, route_class_override=DirectRoute,
-)  # fmt: skip
+add_direct_route(router, "/models/{name}/versions/{version}/infer", model_version_infer)

@@ -127,3 +127,21 @@ def test_chunked_body_over_limit_is_413(server: Server) -> None:
         r = c.post("/v1/predict", content=chunks(), headers={"content-type": "application/json"})
         _error(r, 413, "limit")
         assert c.get("/healthz").status_code == 200
+
+
+def test_method_not_allowed_names_every_method_of_the_path(server: Server) -> None:
+    """RFC 9110: a 405 lists the methods the path serves, all routes at that path together
+    (FastAPI 0.16x includes routers lazily; the list once came back empty)."""
+    with server.client() as c:
+        for method, path, allow in [
+            ("GET", "/v1/predict", "POST"),  # a scoring route (served past FastAPI's router)
+            ("PUT", "/v2/models/tiny/infer", "POST"),
+            ("DELETE", "/v1/reviews/abc", "GET, HEAD, POST"),  # two routes, one path
+            ("POST", "/v1/models", "GET, HEAD"),
+            ("OPTIONS", "/v1/models/promote", "POST"),  # not /v1/models/{name}: concrete wins
+            ("POST", "/metrics", "GET"),  # undocumented: the router's own list
+        ]:
+            r = c.request(method, path)
+            _error(r, 405)
+            assert r.json()["code"] == "method_not_allowed"
+            assert r.headers["allow"] == allow, (method, path, r.headers["allow"])
