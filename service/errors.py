@@ -13,11 +13,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 
 log = logging.getLogger("vge.service")
+
+#: The status recorded for a request whose client went away before its body arrived (nginx's).
+CLIENT_CLOSED_REQUEST = 499
 
 
 class ServiceError(Exception):
@@ -196,6 +200,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body(str(exc.detail), code), status_code=exc.status_code, headers=headers
         )
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # The client closed the connection before its body was complete: nobody reads an answer,
+        # and it is not a server fault. 499 (nginx's "client closed request") is what the request
+        # metrics record; uvicorn sends nothing on a closed connection.
+        log.debug("client disconnected during %s %s", request.method, request.url.path)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -145,3 +145,29 @@ def test_method_not_allowed_names_every_method_of_the_path(server: Server) -> No
             _error(r, 405)
             assert r.json()["code"] == "method_not_allowed"
             assert r.headers["allow"] == allow, (method, path, r.headers["allow"])
+
+
+def test_a_client_gone_mid_body_is_no_server_error(server: Server) -> None:
+    """A client that closes its connection before its body is complete gets no answer (nobody
+    reads it); the request is recorded as 499, not as a logged 500."""
+    import socket
+    import time
+
+    host, port = server.url.removeprefix("http://").split(":")
+    paths = ("/v1/predict", "/v2/models/tiny/infer")
+    for path in paths:
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 1000\r\n\r\n{\"images\": [".encode())  # fmt: skip
+            time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        counts = [
+            server.metric("vge_request_duration_seconds_count", endpoint=p, status="499")
+            for p in ("/v1/predict", "/v2/models/{name}/infer")
+        ]
+        if all(counts):
+            break
+        time.sleep(0.1)
+    assert all(counts), counts
+    assert "ClientDisconnect" not in server.log()
