@@ -1,7 +1,9 @@
 """The FastAPI application of one front-end process.
 
 ``create_app(settings, engine)`` wires settings, metrics, the engine connection and the routes; its
-lifespan starts the connection to the engine and the decode thread pool. The request path of
+lifespan starts the connection to the engine and the decode thread pool. uvicorn serves
+``asgi_app(app)``: :class:`ServingMiddleware` (body cap, metrics, drain, arrival count) around
+:class:`DirectDispatch` (the scoring routes straight to their endpoints) around the app. The request path of
 ``/v1/predict`` reads in one sitting: parse (routes/predict.py) → decode into shared memory
 (decode.py) → the engine batches, runs and scores (engine.py) → encode (routes/predict.py).
 """
@@ -15,14 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from service.db import Database
 from service.deps import ServiceState
 from service.engine_client import EngineClient
 from service.errors import install_error_handlers
 from service.metrics import Metrics
+from service.middleware import ServingMiddleware
 from service.reviews import ReviewStore
 from service.routes import health, jobs, models, predict, reviews, v2
+from service.routes.direct import DirectDispatch
 from service.settings import Settings
 
 log = logging.getLogger("vge.service")
@@ -87,7 +92,8 @@ def _warm_up_decoding() -> None:
 
 
 def create_app(settings: Settings, engine: EngineClient) -> FastAPI:
-    """Build a front end's app for ``settings``, talking to the engine through ``engine``."""
+    """Build a front end's app for ``settings``, talking to the engine through ``engine``; serve
+    it as :func:`asgi_app` (the app alone has no body cap, request metrics or drain marker)."""
     metrics = Metrics()
     app = FastAPI(
         title="vge-serve",
@@ -103,3 +109,9 @@ def create_app(settings: Settings, engine: EngineClient) -> FastAPI:
         app.include_router(module.router)
     app.include_router(reviews.page_router)
     return app
+
+
+def asgi_app(app: FastAPI) -> ASGIApp:
+    """What a front end's uvicorn runs: ``app`` behind its one middleware and the scoring routes'
+    fast lane (service/routes/direct.py)."""
+    return ServingMiddleware(DirectDispatch(app), app.state.service)

@@ -137,15 +137,17 @@ _OPERATIONS = ("get", "put", "post", "delete", "options", "head", "patch", "trac
 
 
 def _allowed_methods(request: Request, fallback: str) -> str:
-    """The methods of the resource at this path, as the OpenAPI document describes it.
+    """The methods of the documented resource at this path.
 
     Starlette's 405 names only the first route whose path matches (e.g. GET of
     ``/v1/reviews/{id}``, not the POST that is a separate route), and FastAPI includes routers
     lazily (``app.routes`` holds the routers, not their routes, since 0.16x), so the table comes
-    from what the app documents: its OpenAPI path items (GET implying HEAD, as Starlette serves
-    it), plus the app's own top-level routes. Concrete paths win over templated ones, as OpenAPI
-    matches them (``/v1/models/promote`` is not ``/v1/models/{name}``). A path documented nowhere
-    (``/metrics``) keeps ``fallback``, the router's own ``Allow``.
+    from what the app documents: its OpenAPI path items (exactly the methods of FastAPI's routes,
+    which serve no HEAD), plus the app's own top-level routes (Starlette's, which add HEAD to GET).
+    Where several templates match, the most concrete one names the resource, as OpenAPI matches
+    paths (``OPTIONS /v1/models/promote`` is a 405 of the promote resource, ``POST``, although a
+    GET there is routed to ``/v1/models/{name}``). A path documented nowhere (``/metrics``) keeps
+    ``fallback``, the router's own ``Allow``. Built once per app, at its first 405.
     """
     table: list[tuple[re.Pattern[str], int, set[str]]] | None = getattr(
         request.app.state, "allow_table", None
@@ -154,8 +156,6 @@ def _allowed_methods(request: Request, fallback: str) -> str:
         table = []
         for template, item in request.app.openapi()["paths"].items():
             methods = {op.upper() for op in item if op in _OPERATIONS}
-            if "GET" in methods:
-                methods.add("HEAD")
             table.append((compile_path(template)[0], template.count("{"), methods))
         for route in request.app.routes:
             regex, methods = getattr(route, "path_regex", None), getattr(route, "methods", None)

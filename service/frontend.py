@@ -20,11 +20,9 @@ from types import FrameType
 
 import uvicorn
 
-from service.app import create_app
+from service.app import asgi_app, create_app
 from service.deps import ServiceState
 from service.engine_client import EngineClient
-from service.middleware import ServingMiddleware
-from service.routes.direct import DirectDispatch
 from service.settings import Settings
 from service.shm import Arena
 
@@ -109,10 +107,8 @@ def frontend_main(
     )
     engine = EngineClient(engine_socket, Arena(arena_path, arena_size))
     app = create_app(settings, engine)
-    # body cap, metrics, drain, arrival; then the scoring routes straight to their endpoints
-    served = ServingMiddleware(DirectDispatch(app), app.state.service)
     config = uvicorn.Config(
-        served,
+        asgi_app(app),
         loop=LOOP,
         http=HTTP,
         log_level=settings.log_level,

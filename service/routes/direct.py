@@ -20,6 +20,7 @@ route: ~25 % of a front end's CPU per single-image request on the 2-core box (py
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -27,9 +28,11 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor
+from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 #: An endpoint of a direct route: ``await endpoint(request=request, **path_params)``.
 Endpoint = Callable[..., Awaitable[Response]]
@@ -62,14 +65,21 @@ class DirectPath:
 DIRECT_PATHS: list[DirectPath] = []
 
 
-def add_direct_route(router: APIRouter, path: str, endpoint: Endpoint, **kwargs: Any) -> None:
-    """Add ``POST path`` → ``endpoint`` to ``router`` as a :class:`DirectRoute` and record it for
-    :class:`DirectDispatch`; ``kwargs`` go to ``router.add_api_route`` (``responses``, ...)."""
+def add_direct_route(
+    router: APIRouter, path: str, endpoint: Endpoint, *, paths: list[DirectPath] | None = None,
+    **kwargs: Any,
+) -> None:  # fmt: skip
+    """Add ``POST path`` → ``endpoint`` to ``router`` as a :class:`DirectRoute` and record it in
+    ``paths`` (default :data:`DIRECT_PATHS`) for :class:`DirectDispatch`; ``kwargs`` go to
+    ``router.add_api_route`` (``responses``, ``openapi_extra``; the route must stay in the schema,
+    which is how :class:`DirectDispatch` checks that the app serves it)."""
     router.add_api_route(
         path, endpoint, methods=["POST"], route_class_override=DirectRoute,
         response_class=Response, **kwargs,
     )  # fmt: skip
-    DIRECT_PATHS.append(DirectPath(router.prefix + path, "POST", endpoint))
+    (DIRECT_PATHS if paths is None else paths).append(
+        DirectPath(router.prefix + path, "POST", endpoint)
+    )
 
 
 class DirectDispatch:
@@ -77,12 +87,26 @@ class DirectDispatch:
 
     A request goes the fast way only when it matches a direct route's method and path exactly, so
     anything FastAPI would answer differently (a 405, a redirect for a trailing slash, a 404) is
-    still FastAPI's answer. Exceptions become responses through ``app.exception_handlers``, the
-    handlers FastAPI uses, so an error reads the same either way.
+    still FastAPI's answer. Exceptions become responses through ``app.exception_handlers``, looked
+    up as Starlette's ``ExceptionMiddleware`` and ``ServerErrorMiddleware`` do (a status-code
+    handler for an ``HTTPException`` first, then the nearest class in the exception's MRO, the
+    app's ``Exception`` handler last), so an error reads the same either way. The app may have no
+    middleware of its own (``app.add_middleware``): the direct routes would silently skip it, so
+    that is refused here; per-request work around every route belongs in
+    :class:`service.middleware.ServingMiddleware`, which wraps this.
+    ``fallback`` answers every other request (default: ``app``).
     """
 
-    def __init__(self, app: FastAPI, paths: list[DirectPath] | None = None) -> None:
+    def __init__(
+        self, app: FastAPI, paths: list[DirectPath] | None = None, fallback: ASGIApp | None = None
+    ) -> None:
+        if app.user_middleware:
+            raise RuntimeError(
+                "the app has middleware of its own, which the direct routes would skip: wrap "
+                "DirectDispatch in it instead, or move its work into ServingMiddleware"
+            )
         self.app = app
+        self.fallback = app if fallback is None else fallback
         self.handlers = app.exception_handlers
         served = app.openapi()["paths"]
         self.routes: list[tuple[str, re.Pattern[str], dict[str, Convertor[Any]], DirectPath]] = []
@@ -90,7 +114,7 @@ class DirectDispatch:
             if direct.method.lower() not in served.get(direct.path, {}):
                 raise RuntimeError(
                     f"direct route {direct.method} {direct.path} is not served by the app: "
-                    "include its router without a prefix of its own"
+                    "include its router without a prefix of its own, and in the schema"
                 )
             regex, _, convertors = compile_path(direct.path)
             self.routes.append((direct.method, regex, convertors, direct))
@@ -106,7 +130,7 @@ class DirectDispatch:
                     params = {k: convertors[k].convert(v) for k, v in match.groupdict().items()}
                     await self._call(direct, params, scope, receive, send)
                     return
-        await self.app(scope, receive, send)
+        await self.fallback(scope, receive, send)
 
     async def _call(
         self, direct: DirectPath, params: dict[str, Any], scope: Scope, receive: Receive, send: Send
@@ -114,6 +138,7 @@ class DirectDispatch:
         # What Starlette and the router would have put in the scope: routes read the app's state
         # (request.app), ServingMiddleware labels its metrics by the route's path template.
         scope["app"] = self.app
+        scope["router"] = self.app.router
         scope["route"] = direct
         scope["endpoint"] = direct.endpoint
         scope["path_params"] = params
@@ -121,12 +146,17 @@ class DirectDispatch:
         try:
             response = await direct.endpoint(request=request, **params)
         except Exception as exc:
-            response = await self._handler(exc)(request, exc)
+            handler = self._handler(exc)
+            if inspect.iscoroutinefunction(handler):
+                response = await handler(request, exc)
+            else:
+                response = await run_in_threadpool(handler, request, exc)
         await response(scope, receive, send)
 
-    def _handler(self, exc: Exception) -> Callable[..., Awaitable[Response]]:
-        """The app's handler for ``exc``: the nearest class in its MRO that has one (the app's
-        ``Exception`` handler, the logged 500, takes the rest)."""
+    def _handler(self, exc: Exception) -> Callable[..., Any]:
+        """The app's handler for ``exc`` (re-raised when it has none, as Starlette does)."""
+        if isinstance(exc, HTTPException) and exc.status_code in self.handlers:
+            return self.handlers[exc.status_code]
         for cls in type(exc).__mro__:
             if cls in self.handlers:
                 return self.handlers[cls]

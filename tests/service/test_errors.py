@@ -136,14 +136,16 @@ def test_method_not_allowed_names_every_method_of_the_path(server: Server) -> No
         for method, path, allow in [
             ("GET", "/v1/predict", "POST"),  # a scoring route (served past FastAPI's router)
             ("PUT", "/v2/models/tiny/infer", "POST"),
-            ("DELETE", "/v1/reviews/abc", "GET, HEAD, POST"),  # two routes, one path
-            ("POST", "/v1/models", "GET, HEAD"),
+            ("DELETE", "/v1/reviews/abc", "GET, POST"),  # two routes, one path
+            ("POST", "/v1/models", "GET"),
+            ("HEAD", "/healthz", "GET"),  # FastAPI's routes serve no HEAD: not advertised
             ("OPTIONS", "/v1/models/promote", "POST"),  # not /v1/models/{name}: concrete wins
             ("POST", "/metrics", "GET"),  # undocumented: the router's own list
         ]:
             r = c.request(method, path)
-            _error(r, 405)
-            assert r.json()["code"] == "method_not_allowed"
+            assert r.status_code == 405, (method, path, r.status_code)
+            if method != "HEAD":  # no body in an answer to HEAD
+                assert r.json()["code"] == "method_not_allowed"
             assert r.headers["allow"] == allow, (method, path, r.headers["allow"])
 
 
