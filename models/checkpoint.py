@@ -133,6 +133,11 @@ class ArchitectureSpec(BaseModel):
         )
 
 
+#: A model's name as trained and served, and a model directory's name under the server's models
+#: root: a URL path segment (``/v2/models/{name}``) and a file name, with no separators or
+#: traversal.
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
 #: Fields a card writes before its architecture (the card's key order since 0.1).
 _CARD_HEAD = ("name", "version", "description")
 

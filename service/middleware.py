@@ -30,7 +30,9 @@ class ServingMiddleware:
     :class:`service.deps.ServiceState`):
 
     * **Body cap.** A body over ``VGE_MAX_PAYLOAD_BYTES`` is refused with 413: by its
-      Content-Length before anything is read, or while it streams in (:class:`PayloadTooLarge`).
+      Content-Length before anything is read, or while it streams in (chunked). Then this layer
+      sends the 413 itself and raises :class:`BodyOverLimit` into the route to stop it; whatever
+      the route answers after that is dropped (FastAPI's own body parsing would call it a 400).
     * **Metrics.** ``vge_inflight_requests`` and ``vge_request_duration_seconds`` by route template,
       method and status (``/metrics`` itself untimed).
     * **Drain.** While the server drains (after SIGTERM) every response says ``Connection: close``:
@@ -57,12 +59,15 @@ class ServingMiddleware:
         metrics, state, limit = self.metrics, self.state, self.max_bytes
         timed = scope["path"] not in _UNTIMED
         status = 500
+        started = capped = False  # a response started; the body cap answered 413 for the route
         start = time.perf_counter()
 
         async def marked_send(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
+            if capped:
+                return  # the 413 below was this request's answer
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 if state.draining:
                     headers = [
                         (k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"
@@ -87,15 +92,16 @@ class ServingMiddleware:
             received = 0
 
             async def counted_receive() -> Message:
-                nonlocal received
+                nonlocal received, capped
                 message = await receive()
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
                     if received > limit:
-                        raise PayloadTooLarge(
-                            f"request body exceeds the limit of {limit} bytes "
-                            "(VGE_MAX_PAYLOAD_BYTES)"
-                        )
+                        text = f"request body exceeds the limit of {limit} bytes (VGE_MAX_PAYLOAD_BYTES)"
+                        if not started:
+                            await self._reject(marked_send, text)
+                            capped = True
+                        raise BodyOverLimit(text)
                     if counting is not None and not message.get("more_body", False):
                         counting.start()
                 return message
@@ -129,6 +135,13 @@ class ServingMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class BodyOverLimit(PayloadTooLarge):
+    """Raised into a route whose streamed body passed the cap; :class:`ServingMiddleware` has
+    answered 413 and counted the rejection already (``reason`` None: the error handlers don't)."""
+
+    reason = None
 
 
 def _content_length(scope: Scope) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from models.checkpoint import MODEL_NAME_PATTERN
 from models.serving import ScoreOptions, resolve_options
 from service.db import Database
 from service.errors import Conflict, InvalidValue, NotFound, NotReady
@@ -31,7 +32,7 @@ from service.settings import Settings
 
 log = logging.getLogger("vge.models")
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME_RE = re.compile(MODEL_NAME_PATTERN)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from models.checkpoint import ArchitectureSpec
+from models.checkpoint import MODEL_NAME_PATTERN, ArchitectureSpec
 from models.data import TORCHVISION_NAMES, parse_imagefolder
 
 __all__ = [
@@ -34,7 +34,12 @@ class TrainConfig(ArchitectureSpec):
     train. Architecture fields a config leaves out take :data:`DEFAULT_ARCHITECTURE`.
     """
 
-    name: str | None = Field(None, description="model name; default <backbone>-<kind>[-vgn]-<data>")
+    name: str | None = Field(
+        None,
+        pattern=MODEL_NAME_PATTERN,
+        description="model name (letters, digits, '.', '_', '-'; it names the model in URLs such "
+        "as /v2/models/{name}); default <backbone>-<kind>[-vgn]-<data>",
+    )
     version: str = "1.0.0"
     description: str = ""
     dataset: str = Field(

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from models.checkpoint import MODEL_NAME_PATTERN
 from service.auth import ApiKey
 from service.deps import State
 from service.routes.schemas import error_responses
@@ -34,7 +35,7 @@ class PromoteRequest(BaseModel):
 
     model: str = Field(  # type: ignore[assignment]
         None,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        pattern=MODEL_NAME_PATTERN,
         description="A model under models_root, or a shipped model's name.",
     )
     job_id: str = Field(None, min_length=1, description="A succeeded training job.")  # type: ignore[assignment]

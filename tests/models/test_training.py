@@ -39,6 +39,10 @@ def test_config_validation_messages():
         load_config(None, {"members": 0})
     with pytest.raises(ValueError, match="device: must be 'cpu'"):
         load_config(None, {"device": "tpu"})
+    for name in ("/tmp/evil", "../x", "a/b", "", "-lead"):  # names a URL segment and a file
+        with pytest.raises(ValueError, match="name: String should match pattern"):
+            load_config(None, {"name": name})
+    assert load_config(None, {"name": "digits_v2.1-b"}).name == "digits_v2.1-b"
     with pytest.raises(ValueError, match="not found"):
         load_config("/nonexistent.yaml")
     cfg = TrainConfig()

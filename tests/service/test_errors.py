@@ -116,6 +116,8 @@ def test_admin_errors(server: Server) -> None:
         _error(c.post("/v1/training-jobs", json={"dataset": "imagefolder:../../etc"}), 422,
                "outside the data root")  # fmt: skip
         _error(c.post("/v1/training-jobs", json={"data_root": "/"}), 422, "data_root")
+        # a model /v2/models/{name} could not address
+        _error(c.post("/v1/training-jobs", json={"name": "/tmp/evil"}), 422, "name")
 
 
 def test_chunked_body_over_limit_is_413(server: Server) -> None:
@@ -124,8 +126,10 @@ def test_chunked_body_over_limit_is_413(server: Server) -> None:
             yield b"\0" * 10_000
 
     with server.client() as c:
-        r = c.post("/v1/predict", content=chunks(), headers={"content-type": "application/json"})
-        _error(r, 413, "limit")
+        for path in ("/v1/predict", "/v1/score"):  # a direct route, and one FastAPI parses
+            r = c.post(path, content=chunks(), headers={"content-type": "application/json"})
+            _error(r, 413, "limit")
+            assert r.json()["code"] == "payload_too_large"
         assert c.get("/healthz").status_code == 200
 
 

@@ -143,7 +143,26 @@ def test_bodies_over_the_cap_are_refused_by_length_or_while_streaming(
     assert (b"connection", b"close") in start["headers"]
     assert "exceeds the limit" in body["body"].decode()
     assert state.engine.arena.arriving == 0
-    with pytest.raises(PayloadTooLarge, match="exceeds the limit"):  # the app's handler answers 413
-        _call(app, "/v1/predict", [b"x" * (cap // 2), b"x" * (cap // 2 + 1)])
+    assert state.metrics.rejections.labels(reason="payload_too_large")._value.get() == 1
+
+    async def parses_like_fastapi(scope: dict, receive: Any, send: Any) -> None:
+        """FastAPI's body parsing turns any error while reading into a 400."""
+        try:
+            await _answer(scope, receive, send)
+        except PayloadTooLarge:
+            await send({"type": "http.response.start", "status": 400, "headers": []})
+            await send({"type": "http.response.body", "body": b"error parsing the body"})
+
+    chunked = [b"x" * (cap // 2), b"x" * (cap // 2 + 1)]  # no Content-Length: capped while read
+    for route in (ServingMiddleware(parses_like_fastapi, state), app):
+        if route is app:  # a route that lets the error through: the client still got its 413
+            with pytest.raises(PayloadTooLarge, match="exceeds the limit"):
+                _call(route, "/v1/score", chunked)
+            continue
+        sent = _call(route, "/v1/score", chunked)
+        assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+        assert sent[0]["status"] == 413 and b"exceeds the limit" in sent[1]["body"]
+    # counted once each, by this layer (the error handlers do not count BodyOverLimit again)
+    assert state.metrics.rejections.labels(reason="payload_too_large")._value.get() == 3
     assert state.engine.arena.arriving == 0
     assert _call(app, "/v1/predict", [b"x" * (cap // 2), b"x" * (cap // 2)])[0]["status"] == 200
