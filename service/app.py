@@ -28,6 +28,7 @@ from service.middleware import ServingMiddleware
 from service.reviews import ReviewStore
 from service.routes import health, jobs, models, predict, reviews, v2
 from service.routes.direct import DirectDispatch
+from service.routes.schemas import error_responses
 from service.settings import Settings
 
 log = logging.getLogger("vge.service")
@@ -99,6 +100,8 @@ def create_app(settings: Settings, engine: EngineClient) -> FastAPI:
         title="vge-serve",
         summary="Variance-Gated Ensembles: predictions with VGMU, TU/AU/EU and abstention.",
         lifespan=lifespan,
+        # ServingMiddleware refuses a body over VGE_MAX_PAYLOAD_BYTES on any route
+        responses=error_responses(413),
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -25,6 +25,7 @@ from service.routes.v2 import (
     _metadata,
     _outputs,
     _to_model_input,
+    _versioned,
     check_input_spec,
 )
 
@@ -37,6 +38,14 @@ _STATUS = {  # service error -> gRPC status code name
     "NotReady": "UNAVAILABLE",
     "DeadlineExceeded": "DEADLINE_EXCEEDED",
 }
+
+
+def _model(state: ServiceState, request: Any) -> Any:
+    """The model a ModelReady/ModelMetadata request names, at its version when it names one (a
+    version this server does not serve is NOT_FOUND, as on the REST routes)."""
+    if request.version:
+        return _versioned(state, request.name, request.version)
+    return state.model(request.name)
 
 
 def _param(p: Any) -> Any:
@@ -96,14 +105,14 @@ def make_servicer(state: ServiceState) -> Any:
 
         async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
             try:
-                state.model(request.name)
+                _model(state, request)
             except errors.ServiceError as exc:
                 await _abort(context, exc)
             return pb.ModelReadyResponse(ready=is_ready(state)[0])
 
         async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
             try:
-                meta = _metadata(state.model(request.name))
+                meta = _metadata(_model(state, request))
             except errors.ServiceError as exc:
                 await _abort(context, exc)
             tensor = pb.ModelMetadataResponse.TensorMetadata

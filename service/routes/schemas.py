@@ -114,7 +114,7 @@ class ScoreRequest(BaseModel):
         list[Annotated[list[Annotated[list[float], Field(min_length=2)]], Field(min_length=2)]],
         Field(min_length=1, description="B×M×C member probabilities (B >= 1, M >= 2, C >= 2)."),
     ]
-    gate_k: Annotated[float, Field(ge=0.0, le=ABSTAIN_K_MAX)] | None = None
+    gate_k: Annotated[float, Field(gt=0.0, le=ABSTAIN_K_MAX)] | None = None
     abstain_k: AbstainK = 1.0
     vgmu_on: VgmuOn | None = Field(
         None, description="q (the gated members; default with gate_k) or p (the raw members)."

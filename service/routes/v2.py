@@ -121,6 +121,16 @@ async def model_ready(name: str, state: State) -> JSONResponse:
     return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
 
 
+@router.get("/models/{name}/versions/{version}/ready")
+async def model_version_ready(name: str, version: str, state: State) -> JSONResponse:
+    """Readiness of an explicit model version (404 for a version this server does not serve)."""
+    _versioned(state, name, version)
+    ok, _ = is_ready(state)
+    return JSONResponse(
+        {"name": name, "version": version, "ready": ok}, status_code=200 if ok else 503
+    )
+
+
 def _versioned(state: State, name: str, version: str) -> ModelInfo:
     model = state.model(name)
     if version != model.version:

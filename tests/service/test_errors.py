@@ -53,6 +53,8 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]]]}), 422, "at least 2 items")
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5], [0.5, 0.5]]], "vgmu_on": "q"}),
                422, "gate_k")  # fmt: skip
+        _error(c.post("/v1/score", json={"probs": [[[0.6, 0.4], [0.7, 0.3]]], "gate_k": 0}),
+               422, "gate_k: Input should be greater than 0")  # fmt: skip
         deep = b"[" * 100_000 + b"]" * 100_000  # used to be a 500 (RecursionError)
         for path in ("/v1/predict", "/v1/score", "/v2/models/tiny/infer"):
             r = c.post(path, content=deep, headers={"content-type": "application/json"})

@@ -31,6 +31,10 @@ def test_grpc_infer_equals_http_v2(grpc_server: tuple[Server, int], mnist) -> No
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("tiny")
     meta = client.get_model_metadata("tiny")
     assert meta.name == "tiny" and [i.name for i in meta.inputs] == ["images", "input"]
+    assert client.is_model_ready("tiny", meta.versions[0])
+    for call in (client.is_model_ready, client.get_model_metadata):  # a version not served
+        with pytest.raises(InferenceServerException, match="no version"):
+            call("tiny", "9.9.9")
     images = mnist[0][-5:][:, None].copy()  # (5, 1, 28, 28) uint8
     inp = grpcclient.InferInput("images", list(images.shape), "UINT8")
     inp.set_data_from_numpy(images)

@@ -27,6 +27,8 @@ def test_v2_round_trip(server: Server, mnist, library, pngs: list[bytes], binary
     assert client.is_model_ready("tiny")
     meta = client.get_model_metadata("tiny")
     assert meta["name"] == "tiny" and {o["name"] for o in meta["outputs"]} == set(NAMES)
+    assert client.is_model_ready("tiny", meta["versions"][0])
+    assert not client.is_model_ready("tiny", "9.9.9")  # 404: a version this server does not serve
 
     images = mnist[0][-64:][:6][:, None].copy()  # (6, 1, 28, 28) uint8, same digits as pngs
     inp = tritonclient_http.InferInput("images", list(images.shape), "UINT8")
