@@ -196,10 +196,26 @@ def conform_image(image: torch.Tensor, in_channels: int, size: tuple[int, int]) 
     if c == 1 and in_channels == 3:
         image = image.expand(3, -1, -1)
     elif c == 3 and in_channels == 1:
-        image = TF.rgb_to_grayscale(image, num_output_channels=1)
+        image = _luma(image)
     if tuple(image.shape[-2:]) != tuple(size):
         image = TF.resize(image, list(size), antialias=True)
     return image.contiguous()
+
+
+#: ITU-R 601-2 luma weights (PIL's "L" conversion); they sum to 1, so a gray pixel stays itself.
+_LUMA = (0.299, 0.587, 0.114)
+
+
+def _luma(image: torch.Tensor) -> torch.Tensor:
+    """uint8 RGB ``(3, H, W)`` -> uint8 luma ``(1, H, W)``, rounded to the nearest level.
+
+    Not ``torchvision``'s ``rgb_to_grayscale``: on uint8 it truncates, and its weights sum to
+    0.9999, so the same digit sent as RGB came out one level darker than sent as grayscale
+    (every v >= 1 became v - 1), which moved VGMU and SNR near the abstain threshold.
+    """
+    weights = torch.tensor(_LUMA, dtype=torch.float32)
+    y = torch.einsum("chw,c->hw", image.float(), weights)  # (H, W)
+    return y.round_().clamp_(0, 255).to(torch.uint8).unsqueeze(0)
 
 
 def normalise_uint8(

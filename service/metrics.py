@@ -245,6 +245,8 @@ class Metrics:
         )
         for reason in ("queue_full", "deadline", "bad_input", "payload_too_large", "unauthorized"):
             self.rejections.labels(reason=reason)
+        for role in ("frontend", "engine"):  # 0 from the start: an alert on increase() needs it
+            self.worker_restarts.labels(role=role)
 
     def init_job_states(self) -> None:
         """Export every job state (0 until jobs exist); only the process that owns jobs calls it."""

@@ -41,11 +41,12 @@ class _Collector:
         self._header_name = b""
         self._header_value: list[bytes] = []
         self._disposition = b""
+        self._content_type = b""
         self._chunks: list[bytes] = []
         self._field_parts = 0  # every text part, repeated names included
 
     def on_part_begin(self) -> None:
-        self._disposition = b""
+        self._disposition = self._content_type = b""
         self._chunks = []
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
@@ -55,8 +56,11 @@ class _Collector:
         self._header_value.append(data[start:end])
 
     def on_header_end(self) -> None:
-        if self._header_name.lower() == b"content-disposition":
+        name = self._header_name.lower()
+        if name == b"content-disposition":
             self._disposition = b"".join(self._header_value)
+        elif name == b"content-type":
+            self._content_type = b"".join(self._header_value).strip().lower()
         self._header_name, self._header_value = b"", []
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
@@ -68,14 +72,20 @@ class _Collector:
         if name is None:
             raise BadInput('a multipart part has no Content-Disposition "name"')
         data = b"".join(self._chunks)
-        if b"filename" in options:
+        # A file: it has a filename (RFC 7578 makes that only a SHOULD; `filename*` is RFC 5987's
+        # form), or it declares a type other than text (a text field's default is text/plain).
+        # (python-multipart's header parser drops `filename*`, hence the look at the raw header.)
+        filename = options.get(b"filename")
+        starred = b"filename*=" in self._disposition.lower()
+        typed = bool(self._content_type) and not self._content_type.startswith(b"text/")
+        if filename is not None or starred or typed:
             if len(self.form.files) >= self.max_files:
                 raise PayloadTooLarge(
                     f"too many images: more than {self.max_files} files in one request "
                     "(VGE_MAX_IMAGES); split the request"
                 )
             # The filename only ever appears in messages: undecodable bytes are replaced, not refused.
-            self.form.files.append((options[b"filename"].decode(errors="replace"), data))
+            self.form.files.append(((filename or b"").decode(errors="replace"), data))
             return
         self._field_parts += 1
         if self._field_parts > self.max_fields:
@@ -93,7 +103,8 @@ def _text(raw: bytes) -> str:
 def parse_form(body: bytes, content_type: str, *, max_files: int, max_fields: int) -> Form:
     """Parse a complete ``multipart/form-data`` ``body`` sent with ``content_type``.
 
-    Parts with a ``filename`` are files, others text fields (a repeated field keeps its last
+    Parts with a ``filename`` (or ``filename*``, or a Content-Type other than ``text/*``) are
+    files, others text fields (a repeated field keeps its last
     value; every text part counts towards ``max_fields``). Raises :class:`BadInput` for a missing
     or over-long boundary, a malformed or truncated body, a part without a name, a text field that
     is not UTF-8, or too many text parts; :class:`PayloadTooLarge` beyond ``max_files`` files.

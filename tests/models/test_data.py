@@ -175,3 +175,21 @@ def test_imagefolder_added_to_bundled_mnist_rejects_bad_folders(tmp_path):
     (tmp_path / "ok" / "1" / "broken.png").write_bytes(b"not a png")
     with pytest.raises(ValueError, match="broken.png"):
         load_dataset(f"imagefolder:{tmp_path / 'ok'}+mnist-bundled")
+
+
+def test_rgb_conforms_to_the_same_gray_levels_as_grayscale_and_as_pil():
+    """A gray image sent as RGB gives exactly the grayscale pixels (torchvision's uint8
+    rgb_to_grayscale made every level v >= 1 into v - 1), and colour becomes PIL's "L" luma."""
+    from PIL import Image
+
+    from models.data import conform_image
+
+    gray = torch.arange(256, dtype=torch.uint8).reshape(1, 16, 16)
+    assert torch.equal(conform_image(gray.expand(3, -1, -1), 1, (16, 16)), gray)
+    rgba = torch.cat([gray.expand(3, -1, -1), torch.full_like(gray, 7)])  # alpha dropped
+    assert torch.equal(conform_image(rgba, 1, (16, 16)), gray)
+    rgb = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, 20, 20), dtype=np.uint8))
+    pil = np.array(Image.fromarray(rgb.permute(1, 2, 0).numpy(), "RGB").convert("L"))
+    ours = conform_image(rgb, 1, (20, 20))[0].numpy().astype(int)
+    assert np.abs(ours - pil).max() <= 1  # PIL rounds in fixed point; the same luma otherwise
+    assert (ours == pil).mean() > 0.95

@@ -60,6 +60,23 @@ def test_an_undecodable_filename_is_replaced_not_refused() -> None:
     assert parse_form(body, CT, max_files=1, max_fields=1).files == [("\ufffd.png", b"png")]
 
 
+def test_a_typed_part_without_filename_is_a_file_and_a_text_part_a_field() -> None:
+    """RFC 7578 makes the filename only a SHOULD: a part that declares a non-text type is a file
+    (``httpx`` sends one for ``files={"images": (None, data, "image/png")}``); ``filename*`` (RFC
+    5987's form) names a file too; a part typed ``text/plain`` stays a field."""
+    req = httpx.Request("POST", "http://x/", files={"images": (None, b"\x89PNG\xff", "image/png")})
+    assert parse_form(req.read(), req.headers["content-type"], max_files=1, max_fields=1).files == [
+        ("", b"\x89PNG\xff")
+    ]
+    body = (
+        b"--b\r\nContent-Disposition: form-data; name=\"images\"; filename*=UTF-8''a.png\r\n\r\n"
+        b'\xff\r\n--b\r\nContent-Disposition: form-data; name="top_k"\r\n'
+        b"Content-Type: text/plain; charset=utf-8\r\n\r\n2\r\n--b--\r\n"
+    )
+    form = parse_form(body, CT, max_files=1, max_fields=1)
+    assert (form.files, form.fields) == ([("", b"\xff")], {"top_k": "2"})
+
+
 @pytest.mark.parametrize(
     ("body", "ctype", "error", "words"),
     [

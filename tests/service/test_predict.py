@@ -121,4 +121,6 @@ def test_metrics_exported_with_contract_names(server: Server, pngs: list[bytes])
         assert name in text, name
     assert 'endpoint="/v1/predict",method="POST",status="200"' in text
     assert 'le="0.001"' in text and 'le="10.0"' in text
+    for role in ("frontend", "engine"):  # at 0 before any restart: increase() sees its first
+        assert f'vge_process_restarts_total{{role="{role}"}} 0.0' in text
     assert server.metric("vge_predictions_total", model="tiny") >= 1
