@@ -164,7 +164,7 @@ def check_input_spec(name: Any, dtype: Any, shape: Any, max_images: int) -> int:
     its element count."""
     if dtype not in _DTYPES:
         raise BadInput(f"input datatype {dtype!r} is not supported; use UINT8 or FP32")
-    if name and name != INPUT_NAMES[dtype]:
+    if name != INPUT_NAMES[dtype]:  # required by the protocol; the name says what the data is
         raise BadInput(
             f"input {name!r} with datatype {dtype}: send raw pixels as "
             f"{INPUT_NAMES['UINT8']!r} (UINT8) or prepared input as {INPUT_NAMES['FP32']!r} (FP32)"
@@ -172,7 +172,7 @@ def check_input_spec(name: Any, dtype: Any, shape: Any, max_images: int) -> int:
     if (
         not isinstance(shape, list)
         or len(shape) not in (3, 4)
-        or not all(isinstance(s, int) and s > 0 for s in shape)
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape)
     ):
         raise BadInput(
             f"input shape {shape!r} is invalid; use [B, C, H, W] or [B, H, W] with positive sizes"
@@ -193,17 +193,25 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     count = check_input_spec(spec.get("name"), dtype, shape, max_images)
     size = (spec.get("parameters") or {}).get("binary_data_size")
     if size is not None:
-        if size != count * _DTYPES[dtype].itemsize or size > len(binary):
-            raise BadInput(f"binary_data_size {size} does not match shape {shape} of {dtype}")
-        arr = np.frombuffer(binary[:size], dtype=_DTYPES[dtype])
+        if not _is_number(size, int) or size != count * _DTYPES[dtype].itemsize:
+            raise BadInput(f"binary_data_size {size!r} does not match shape {shape} of {dtype}")
+        if size != len(binary):  # one input: its bytes are all the binary data there is
+            raise BadInput(
+                f"binary_data_size {size} but the request carries {len(binary)} bytes of "
+                "binary tensor data"
+            )
+        arr = np.frombuffer(binary, dtype=_DTYPES[dtype])
     else:
         data = spec.get("data")
         if data is None:
             raise BadInput("input has neither data nor binary_data_size")
         try:
-            arr = np.asarray(data, dtype=np.float64).reshape(-1)
-        except (ValueError, TypeError):
-            raise BadInput("input data must be a (flat or nested) list of numbers") from None
+            raw = np.asarray(data)
+        except (ValueError, TypeError):  # ragged nesting
+            raw = np.asarray(None)
+        if raw.dtype.kind not in "iuf":  # not strings, booleans, nulls or mixed lists
+            raise BadInput("input data must be a (flat or nested) list of numbers")
+        arr = raw.astype(np.float64).reshape(-1)
         if arr.size != count:
             raise BadInput(f"input data has {arr.size} elements, shape {shape} needs {count}")
         if dtype == "UINT8":
@@ -218,22 +226,24 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     return arr
 
 
+def _is_number(value: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:
+    """A JSON number (of ``kind``); ``true``/``false`` are not numbers here, though Python's
+    bools are ints."""
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
 def _parameters(body: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
     params = body.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadInput("parameters must be an object")
     k = params.get("abstain_k")
-    if k is not None and (
-        not isinstance(k, int | float) or not ABSTAIN_K_MIN <= k <= ABSTAIN_K_MAX
-    ):
+    if k is not None and (not _is_number(k) or not ABSTAIN_K_MIN <= k <= ABSTAIN_K_MAX):
         raise InvalidValue(f"abstain_k must be a number in [{ABSTAIN_K_MIN:g}, {ABSTAIN_K_MAX:g}]")
     vgmu_on = params.get("vgmu_on")
     if vgmu_on not in (None, "p", "q"):
         raise InvalidValue("vgmu_on must be 'p' or 'q'")
     timeout = params.get("timeout_s")
-    if timeout is not None and (
-        not isinstance(timeout, int | float) or not 0.05 <= timeout <= 3600
-    ):
+    if timeout is not None and (not _is_number(timeout) or not 0.05 <= timeout <= 3600):
         raise InvalidValue("timeout_s must be a number in [0.05, 3600] (seconds)")
     return k, vgmu_on, timeout
 

@@ -103,6 +103,21 @@ def test_v2_errors(server: Server) -> None:
                       "data": [0] * 784}], "parameters": {"vgmu_on": "x"}}, 422, "vgmu_on"),
         ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
                       "data": [0] * 784}], "outputs": [{"name": "nope"}]}, 400, "unknown outputs"),
+        # JSON that Python would coerce: strings, booleans, ragged lists, true for a number
+        ({"inputs": [{"name": "images", "shape": [1, 2, 2], "datatype": "UINT8",
+                      "data": ["1", "2", "3", "4"]}]}, 400, "list of numbers"),
+        ({"inputs": [{"name": "images", "shape": [1, 2, 2], "datatype": "UINT8",
+                      "data": [True, False, True, False]}]}, 400, "list of numbers"),
+        ({"inputs": [{"name": "images", "shape": [1, 2, 2], "datatype": "UINT8",
+                      "data": [[1, 2], [3]]}]}, 400, "list of numbers"),
+        ({"inputs": [{"name": "images", "shape": [1, True, 2], "datatype": "UINT8",
+                      "data": [1, 2]}]}, 400, "shape"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "parameters": {"abstain_k": True}}, 422, "abstain_k"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "parameters": {"timeout_s": True}}, 422, "timeout_s"),
+        ({"inputs": [{"shape": [1, 28, 28], "datatype": "UINT8", "data": [0] * 784}]}, 400,
+         "send raw pixels as 'images'"),  # the protocol requires a name
     ]  # fmt: skip
     for body, status, words in cases:
         r = httpx.post(url, json=body, timeout=10)
@@ -110,6 +125,13 @@ def test_v2_errors(server: Server) -> None:
         assert words in r.json()["error"]
     r = httpx.post(url, content=b"{", timeout=10)
     assert r.status_code == 400 and "JSON" in r.json()["error"]
+    # the binary extension: the declared size must be exactly the bytes that follow the header
+    head = json.dumps({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                                   "parameters": {"binary_data_size": 784}}]}).encode()  # fmt: skip
+    for extra, words in ((b"\0" * 700, "carries 700 bytes"), (b"\0" * 790, "carries 790 bytes")):
+        r = httpx.post(url, content=head + extra, timeout=10,
+                       headers={"Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+        assert r.status_code == 400 and words in r.json()["error"], r.text
 
 
 def test_v2_binary_outputs_on_the_wire(server: Server, mnist) -> None:
