@@ -259,6 +259,7 @@ class JobManager:
                 for e in exc.errors()
             )
             raise InvalidValue(f"invalid training config: {msgs}") from None
+        _check_device(cfg.device)
         job_id = f"job-{uuid.uuid4().hex[:12]}"
         self.store.create(job_id, cfg.model_dump(mode="json"))
         log.info("job %s queued", job_id)
@@ -447,3 +448,21 @@ class JobManager:
         if not self._closed:
             self._refresh_gauge()
             self._launch_queued()
+
+
+def _check_device(device: str | None) -> None:
+    """A job's ``device`` must exist on this server (422 at submission, not a failed job later)."""
+    if device is None:
+        return
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0 or (dev.index or 0) >= count:
+            raise InvalidValue(
+                f"invalid training config: device {device!r} is not on this server "
+                f"({count} CUDA device(s)); leave device out to use the server's"
+            )
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise InvalidValue(f"invalid training config: device {device!r} is not on this server")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 
 import pytest
+import torch
 
 from tests.service.conftest import API_KEY, Server
 
@@ -120,6 +121,10 @@ def test_admin_errors(server: Server) -> None:
         _error(c.post("/v1/training-jobs", json={"data_root": "/"}), 422, "data_root")
         # a model /v2/models/{name} could not address
         _error(c.post("/v1/training-jobs", json={"name": "/tmp/evil"}), 422, "name")
+        if not torch.cuda.is_available():  # a device the server does not have: refused at once
+            _error(
+                c.post("/v1/training-jobs", json={"device": "cuda:7"}), 422, "not on this server"
+            )
 
 
 def test_chunked_body_over_limit_is_413(server: Server) -> None:
