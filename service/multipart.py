@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
-from service.errors import BadInput, PayloadTooLarge
+from service.errors import BadInput, InvalidValue, PayloadTooLarge
 
 
 @dataclass(slots=True)
@@ -34,8 +34,11 @@ class Form:
 class _Collector:
     """python-multipart callbacks that gather each part's headers and bytes."""
 
-    def __init__(self, form: Form, max_files: int, max_fields: int) -> None:
+    def __init__(
+        self, form: Form, max_files: int, max_fields: int, file_field: bytes | None
+    ) -> None:
         self.form = form
+        self.file_field = file_field
         self.max_files = max_files
         self.max_fields = max_fields
         self._header_name = b""
@@ -79,6 +82,11 @@ class _Collector:
         starred = b"filename*=" in self._disposition.lower()
         typed = bool(self._content_type) and not self._content_type.startswith(b"text/")
         if filename is not None or starred or typed:
+            if self.file_field is not None and name != self.file_field:
+                raise InvalidValue(
+                    f"unknown file field {_text(name)!r}: send images as "
+                    f"{self.file_field.decode()!r} parts"
+                )
             if len(self.form.files) >= self.max_files:
                 raise PayloadTooLarge(
                     f"too many images: more than {self.max_files} files in one request "
@@ -100,21 +108,26 @@ def _text(raw: bytes) -> str:
         raise BadInput("a multipart field is not valid UTF-8") from None
 
 
-def parse_form(body: bytes, content_type: str, *, max_files: int, max_fields: int) -> Form:
+def parse_form(
+    body: bytes, content_type: str, *, max_files: int, max_fields: int,
+    file_field: str | None = None,
+) -> Form:  # fmt: skip
     """Parse a complete ``multipart/form-data`` ``body`` sent with ``content_type``.
 
     Parts with a ``filename`` (or ``filename*``, or a Content-Type other than ``text/*``) are
     files, others text fields (a repeated field keeps its last
     value; every text part counts towards ``max_fields``). Raises :class:`BadInput` for a missing
     or over-long boundary, a malformed or truncated body, a part without a name, a text field that
-    is not UTF-8, or too many text parts; :class:`PayloadTooLarge` beyond ``max_files`` files.
+    is not UTF-8, or too many text parts; :class:`PayloadTooLarge` beyond ``max_files`` files;
+    :class:`InvalidValue` (422) for a file under another name than ``file_field`` when given (a
+    file sent under the wrong name would otherwise be scored without a word).
     """
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary:
         raise BadInput("multipart/form-data without a boundary in its Content-Type")
     form = Form()
-    c = _Collector(form, max_files, max_fields)
+    c = _Collector(form, max_files, max_fields, None if file_field is None else file_field.encode())
     callbacks = {
         "on_part_begin": c.on_part_begin,
         "on_part_data": c.on_part_data,

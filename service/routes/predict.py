@@ -92,8 +92,9 @@ async def _read_payload(
     if ctype == "multipart/form-data":
         raw = await request.body()  # complete and capped (ServingMiddleware)
         form = parse_form(
-            raw, request.headers["content-type"], max_files=settings.max_images, max_fields=64
-        )
+            raw, request.headers["content-type"], max_files=settings.max_images, max_fields=64,
+            file_field="images",
+        )  # fmt: skip
         return multipart_images(form.files, settings), form.fields
     if ctype in ("application/json", ""):
         raw = await request.body()
@@ -119,8 +120,19 @@ async def predict(request: Request) -> Response:
     state = service_state(request)  # not the State dependency: see service_state
     model = state.model()
     blobs, body_options = await _read_payload(request, state)
+    query = request.query_params
     try:
-        opts = PredictOptions.model_validate({**request.query_params, **body_options})
+        opts = PredictOptions.model_validate({**query, **body_options})
+        if (
+            twice := body_options.keys() & query.keys()
+        ):  # given once is unambiguous, twice must agree
+            in_query = PredictOptions.model_validate(dict(query))
+            for key in sorted(twice):
+                if getattr(in_query, key) != getattr(opts, key):
+                    raise InvalidValue(
+                        f"{key} is given twice, {query[key]!r} in the query and "
+                        f"{body_options[key]!r} in the body: give it once"
+                    )
     except ValidationError as exc:
         raise _invalid(exc) from None
     options = resolve_options(

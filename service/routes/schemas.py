@@ -20,7 +20,7 @@ TimeoutS = Annotated[
 
 
 class PredictOptions(BaseModel):
-    """Options for /v1/predict, as query parameters or JSON body fields (body wins)."""
+    """Options for /v1/predict, as query parameters or body fields (given in both, they must agree)."""
 
     model_config = ConfigDict(extra="forbid")
 

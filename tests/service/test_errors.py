@@ -28,6 +28,14 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
                400, "image 0")  # fmt: skip
         _error(c.post("/v1/predict", json={"images": ["%%%"]}), 400, "base64")
         _error(c.post("/v1/predict", json={"images": []}), 422, "at least 1 item")
+        # a file under another name would be scored without a word: refused, naming the field
+        _error(c.post("/v1/predict", files=[("image", ("a.png", png))]), 422, "unknown file field")
+        # an option given twice must agree (the same value twice is fine)
+        _error(c.post("/v1/predict", params={"top_k": 2}, data={"top_k": "3"},
+                      files=[("images", ("a.png", png))]), 422, "top_k is given twice")  # fmt: skip
+        ok = c.post("/v1/predict", params={"abstain_k": "0.50"}, data={"abstain_k": "0.5"},
+                    files=[("images", ("a.png", png))])  # fmt: skip
+        assert ok.status_code == 200 and ok.json()["results"][0]["abstain_k"] == 0.5, ok.text
         empty = b'--b\r\nContent-Disposition: form-data; name="top_k"\r\n\r\n2\r\n--b--\r\n'
         _error(c.post("/v1/predict", content=empty,
                       headers={"content-type": "multipart/form-data; boundary=b"}),

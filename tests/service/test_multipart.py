@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.errors import BadInput, PayloadTooLarge, ServiceError
+from service.errors import BadInput, InvalidValue, PayloadTooLarge, ServiceError
 from service.multipart import parse_form
 
 CT = "multipart/form-data; boundary=b"
@@ -75,6 +75,15 @@ def test_a_typed_part_without_filename_is_a_file_and_a_text_part_a_field() -> No
     )
     form = parse_form(body, CT, max_files=1, max_fields=1)
     assert (form.files, form.fields) == ([("", b"\xff")], {"top_k": "2"})
+
+
+def test_files_under_another_name_are_refused_when_one_is_asked_for() -> None:
+    body, ctype = _encoded([("a.png", b"x")], {})
+    assert parse_form(body, ctype, max_files=1, max_fields=1, file_field="images").files
+    other = body.replace(b'name="images"', b'name="file"')
+    with pytest.raises(InvalidValue, match="unknown file field 'file'"):
+        parse_form(other, ctype, max_files=1, max_fields=1, file_field="images")
+    assert parse_form(other, ctype, max_files=1, max_fields=1).files == [("a.png", b"x")]
 
 
 @pytest.mark.parametrize(
