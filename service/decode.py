@@ -69,9 +69,11 @@ def check_image_bytes(data: bytes, index: int, settings: Settings) -> None:
 
 
 def _clean(exc: Exception) -> str:
-    """torchvision's message without its C++ source location."""
+    """torchvision's message without its C++ source location, and without its advice to call
+    torchvision's own AVIF/HEIC decoders (a client of this server cannot)."""
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return re.sub(r"^.*?\.(cpp|h):\d+,\s*", "", text)[:200]
+    text = re.sub(r"^.*?\.(cpp|h):\d+,\s*", "", text)
+    return re.sub(r"\s*For avif and heic.*$", "", text)[:200]
 
 
 def decode_one(data: bytes, index: int, settings: Settings) -> torch.Tensor:

@@ -48,3 +48,18 @@ def test_every_image_decodes_into_its_own_row() -> None:
         assert np.array_equal(
             out[i], conform_one(decode_one(png, i, settings), i, 1, (28, 28)).numpy()
         )
+
+
+def test_an_unsupported_format_names_the_formats_a_client_can_send() -> None:
+    """A BMP is refused with the formats that decode, not torchvision's advice to call its own
+    AVIF/HEIC decoders (nothing a client of the server can do)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8)).save(buf, "BMP")
+    with pytest.raises(BadInput, match="image 0 could not be decoded") as err:
+        decode_one(buf.getvalue(), 0, Settings())
+    assert "jpeg, png, webp and gif" in str(err.value)
+    assert "decode_avif" not in str(err.value)
