@@ -20,6 +20,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import threading
 import time
 import traceback
@@ -431,6 +432,9 @@ class JobManager:
         now = time.time()
         if job.get("cancel_requested"):
             self.store.update(job_id, state="cancelled", finished_at=now, metrics=last_metrics)
+            # A cancelled job leaves no model: what it saved before it stopped would otherwise
+            # be promotable by its directory's name.
+            shutil.rmtree(self.settings.models_root / job_id, ignore_errors=True)
         elif result is not None:
             self.store.update(job_id, state="succeeded", finished_at=now,
                               model_dir=result["model_dir"], metrics=last_metrics)  # fmt: skip

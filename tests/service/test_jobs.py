@@ -61,6 +61,10 @@ def test_job_lifecycle_cancel_promote_and_restart(
             r = c.post(f"/v1/training-jobs/{long_id}/cancel")
             assert r.status_code == 200, r.text
             assert _wait(srv, long_id, {"cancelled", "failed", "succeeded"})["state"] == "cancelled"
+            # whatever it saved before stopping is gone: not promotable by its directory's name
+            assert not (work / "models" / long_id).exists()
+            r = c.post("/v1/models/promote", json={"model": long_id})
+            assert r.status_code == 404, r.text
             assert srv.metric("vge_training_jobs", state="cancelled") == 1
             assert srv.metric("vge_training_jobs", state="succeeded") == 1
 
