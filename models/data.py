@@ -202,20 +202,21 @@ def conform_image(image: torch.Tensor, in_channels: int, size: tuple[int, int]) 
     return image.contiguous()
 
 
-#: ITU-R 601-2 luma weights (PIL's "L" conversion); they sum to 1, so a gray pixel stays itself.
-_LUMA = (0.299, 0.587, 0.114)
+#: ITU-R 601-2 luma weights (0.299, 0.587, 0.114) in 16-bit fixed point, as PIL's "L"
+#: conversion computes them; they sum to 65536, so a gray pixel stays itself.
+_LUMA_FIXED = torch.tensor([19595, 38470, 7471], dtype=torch.int32).view(3, 1, 1)
 
 
 def _luma(image: torch.Tensor) -> torch.Tensor:
-    """uint8 RGB ``(3, H, W)`` -> uint8 luma ``(1, H, W)``, rounded to the nearest level.
+    """uint8 RGB ``(3, H, W)`` -> uint8 luma ``(1, H, W)``, rounded, bit-identical to PIL's
+    ``convert("L")``.
 
     Not ``torchvision``'s ``rgb_to_grayscale``: on uint8 it truncates, and its weights sum to
     0.9999, so the same digit sent as RGB came out one level darker than sent as grayscale
     (every v >= 1 became v - 1), which moved VGMU and SNR near the abstain threshold.
     """
-    weights = torch.tensor(_LUMA, dtype=torch.float32)
-    y = torch.einsum("chw,c->hw", image.float(), weights)  # (H, W)
-    return y.round_().clamp_(0, 255).to(torch.uint8).unsqueeze(0)
+    y = ((image.int() * _LUMA_FIXED).sum(0, keepdim=True) + 32768) >> 16  # (1, H, W)
+    return y.to(torch.uint8)
 
 
 def normalise_uint8(

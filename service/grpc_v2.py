@@ -27,6 +27,7 @@ from service.routes.v2 import (
     _to_model_input,
     _versioned,
     check_input_spec,
+    check_parameters,
 )
 
 _STATUS = {  # service error -> gRPC status code name
@@ -139,10 +140,9 @@ def make_servicer(state: ServiceState) -> Any:
                         raise errors.NotFound(
                             f"model {model.name!r} has no version {request.model_version!r}"
                         )
-                    params = {k: _param(v) for k, v in request.parameters.items()}
-                    vgmu_on = params.get("vgmu_on")
-                    if vgmu_on not in (None, "p", "q"):
-                        raise errors.InvalidValue("vgmu_on must be 'p' or 'q'")
+                    abstain_k, vgmu_on, timeout_s = check_parameters(
+                        {k: _param(v) for k, v in request.parameters.items()}
+                    )
                     names = [o.name for o in request.outputs] or list(OUTPUTS)
                     unknown = [n for n in names if n not in OUTPUTS]
                     if unknown:
@@ -151,14 +151,12 @@ def make_servicer(state: ServiceState) -> Any:
                         )
                     n_classes = len(model.class_names)
                     options = resolve_options(
-                        state, model, abstain_k=params.get("abstain_k"), vgmu_on=vgmu_on,
+                        state, model, abstain_k=abstain_k, vgmu_on=vgmu_on,
                         top_k=n_classes,
                     )  # fmt: skip
                     arr, dtype = _input_array(request, state.settings.max_images)
                     x = _to_model_input(arr, dtype, model, state)
-                    columns = await predict_tensor(
-                        state, model, x, options, params.get("timeout_s")
-                    )
+                    columns = await predict_tensor(state, model, x, options, timeout_s)
             except Exception as exc:  # noqa: BLE001 - every failure is a gRPC status
                 await _abort(context, exc)
             tensors = _outputs(columns, n_classes)

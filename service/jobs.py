@@ -430,12 +430,14 @@ class JobManager:
         r.process.join(5)
         job = self.store.get(job_id) or {}
         now = time.time()
+        stopped = result is not None and result.get("stopped")  # by cancel or shutdown
+        if job.get("cancel_requested") or (stopped and self._closed):
+            # A job stopped early leaves no model: what it saved before it stopped would
+            # otherwise be promotable by its directory's name.
+            shutil.rmtree(self.settings.models_root / job_id, ignore_errors=True)
         if job.get("cancel_requested"):
             self.store.update(job_id, state="cancelled", finished_at=now, metrics=last_metrics)
-            # A cancelled job leaves no model: what it saved before it stopped would otherwise
-            # be promotable by its directory's name.
-            shutil.rmtree(self.settings.models_root / job_id, ignore_errors=True)
-        elif result is not None:
+        elif result is not None and not stopped:
             self.store.update(job_id, state="succeeded", finished_at=now,
                               model_dir=result["model_dir"], metrics=last_metrics)  # fmt: skip
         elif self._closed:

@@ -104,6 +104,7 @@ async def _read_payload(
         except ValidationError as exc:
             raise _invalid(exc) from None
         options = parsed.model_dump(exclude={"images"}, exclude_unset=True)
+        options = {k: v for k, v in options.items() if v is not None}  # null: not given
         return b64_images(parsed.images, settings), options
     raise BadInput(
         f"unsupported content type {ctype!r}: send multipart/form-data files or "

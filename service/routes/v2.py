@@ -193,14 +193,14 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     count = check_input_spec(spec.get("name"), dtype, shape, max_images)
     size = (spec.get("parameters") or {}).get("binary_data_size")
     if size is not None:
-        if not _is_number(size, int) or size != count * _DTYPES[dtype].itemsize:
+        if not _is_number(size) or size != count * _DTYPES[dtype].itemsize:
             raise BadInput(f"binary_data_size {size!r} does not match shape {shape} of {dtype}")
         if size != len(binary):  # one input: its bytes are all the binary data there is
             raise BadInput(
                 f"binary_data_size {size} but the request carries {len(binary)} bytes of "
                 "binary tensor data"
             )
-        arr = np.frombuffer(binary, dtype=_DTYPES[dtype])
+        arr = np.frombuffer(binary, dtype=_DTYPES[dtype])  # size == len(binary): whole items
     else:
         data = spec.get("data")
         if data is None:
@@ -209,7 +209,11 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
             raw = np.asarray(data)
         except (ValueError, TypeError):  # ragged nesting
             raw = np.asarray(None)
-        if raw.dtype.kind not in "iuf":  # not strings, booleans, nulls or mixed lists
+        # Not strings, booleans (also mixed with numbers: numpy would make them 0 and 1), nulls
+        # or ragged lists.
+        if raw.dtype.kind not in "iuf" or (
+            raw.dtype.kind in "iu" and any(v is True or v is False for v in _flat(data))
+        ):
             raise BadInput("input data must be a (flat or nested) list of numbers")
         arr = raw.astype(np.float64).reshape(-1)
         if arr.size != count:
@@ -226,16 +230,29 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     return arr
 
 
-def _is_number(value: Any, kind: type | tuple[type, ...] = (int, float)) -> bool:
-    """A JSON number (of ``kind``); ``true``/``false`` are not numbers here, though Python's
-    bools are ints."""
-    return isinstance(value, kind) and not isinstance(value, bool)
+def _is_number(value: Any) -> bool:
+    """A JSON number; ``true``/``false`` are not numbers here, though Python's bools are ints."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _flat(data: Any) -> Any:
+    """The leaves of a nested list."""
+    for v in data if isinstance(data, list) else (data,):
+        if isinstance(v, list):
+            yield from _flat(v)
+        else:
+            yield v
 
 
 def _parameters(body: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
     params = body.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadInput("parameters must be an object")
+    return check_parameters(params)
+
+
+def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
+    """A request's ``abstain_k``, ``vgmu_on`` and ``timeout_s``, checked for HTTP and gRPC alike."""
     k = params.get("abstain_k")
     if k is not None and (not _is_number(k) or not ABSTAIN_K_MIN <= k <= ABSTAIN_K_MAX):
         raise InvalidValue(f"abstain_k must be a number in [{ABSTAIN_K_MIN:g}, {ABSTAIN_K_MAX:g}]")

@@ -51,6 +51,10 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
         _error(c.post("/v1/predict", content=huge, headers={"content-type": "application/json"}),
                413, "exceeds")  # fmt: skip
         b64 = base64.b64encode(png).decode()
+        ok = c.post(
+            "/v1/predict", params={"abstain_k": 1}, json={"images": [b64], "abstain_k": None}
+        )
+        assert ok.status_code == 200 and ok.json()["results"][0]["abstain_k"] == 1.0  # null: unset
         _error(c.post("/v1/predict", json={"images": [b64], "abstain_k": 2e9}), 422, "abstain_k")
         _error(c.post("/v1/predict", params={"abstain_k": -0.5}, files=[("images", ("a.png", png))]),
                422, "abstain_k")  # fmt: skip
@@ -142,9 +146,12 @@ def test_chunked_body_over_limit_is_413(server: Server) -> None:
 
     with server.client() as c:
         for path in ("/v1/predict", "/v1/score"):  # a direct route, and one FastAPI parses
+            before = server.metric("vge_rejections_total", reason="payload_too_large")
             r = c.post(path, content=chunks(), headers={"content-type": "application/json"})
             _error(r, 413, "limit")
             assert r.json()["code"] == "payload_too_large"
+            # counted once, by the middleware that answered (not again by the route's handler)
+            assert server.metric("vge_rejections_total", reason="payload_too_large") == before + 1
         assert c.get("/healthz").status_code == 200
 
 

@@ -55,6 +55,9 @@ def test_grpc_infer_equals_http_v2(grpc_server: tuple[Server, int], mnist) -> No
     np.testing.assert_allclose(result.as_numpy("probabilities").reshape(-1), want["probabilities"],
                                rtol=1e-5)  # fmt: skip
     np.testing.assert_allclose(result.as_numpy("vgmu"), want["vgmu"], rtol=1e-5)
+    for bad in ({"abstain_k": True}, {"timeout_s": "soon"}, {"vgmu_on": "x"}):  # as REST checks
+        with pytest.raises(InferenceServerException, match=next(iter(bad))):
+            client.infer("tiny", [inp], outputs=outs, parameters=bad)
     client.close()
 
 

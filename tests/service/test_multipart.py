@@ -61,19 +61,23 @@ def test_an_undecodable_filename_is_replaced_not_refused() -> None:
 
 
 def test_a_typed_part_without_filename_is_a_file_and_a_text_part_a_field() -> None:
-    """RFC 7578 makes the filename only a SHOULD: a part that declares a non-text type is a file
-    (``httpx`` sends one for ``files={"images": (None, data, "image/png")}``); ``filename*`` (RFC
-    5987's form) names a file too; a part typed ``text/plain`` stays a field."""
+    """RFC 7578 makes the filename only a SHOULD: the file field's part that declares a non-text
+    type is a file (``httpx`` sends one for ``files={"images": (None, data, "image/png")}``), and
+    ``filename*`` (RFC 5987's form) names a file; a typed part under another name stays a text
+    field (aiohttp sends bytes fields as application/octet-stream), and a form's file input left
+    empty (``filename=""``, no bytes) is no file."""
     req = httpx.Request("POST", "http://x/", files={"images": (None, b"\x89PNG\xff", "image/png")})
-    assert parse_form(req.read(), req.headers["content-type"], max_files=1, max_fields=1).files == [
-        ("", b"\x89PNG\xff")
-    ]
+    form = parse_form(req.read(), req.headers["content-type"], max_files=1, max_fields=1,
+                      file_field="images")  # fmt: skip
+    assert form.files == [("", b"\x89PNG\xff")]
     body = (
         b"--b\r\nContent-Disposition: form-data; name=\"images\"; filename*=UTF-8''a.png\r\n\r\n"
         b'\xff\r\n--b\r\nContent-Disposition: form-data; name="top_k"\r\n'
-        b"Content-Type: text/plain; charset=utf-8\r\n\r\n2\r\n--b--\r\n"
+        b"Content-Type: application/octet-stream\r\n\r\n2\r\n"
+        b'--b\r\nContent-Disposition: form-data; name="extra"; filename=""\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n\r\n--b--\r\n"
     )
-    form = parse_form(body, CT, max_files=1, max_fields=1)
+    form = parse_form(body, CT, max_files=1, max_fields=1, file_field="images")
     assert (form.files, form.fields) == ([("", b"\xff")], {"top_k": "2"})
 
 

@@ -29,6 +29,8 @@ def test_v2_round_trip(server: Server, mnist, library, pngs: list[bytes], binary
     assert meta["name"] == "tiny" and {o["name"] for o in meta["outputs"]} == set(NAMES)
     assert client.is_model_ready("tiny", meta["versions"][0])
     assert not client.is_model_ready("tiny", "9.9.9")  # 404: a version this server does not serve
+    r = httpx.get(server.url + "/v2/models/tiny/versions/9.9.9/ready", timeout=10)
+    assert r.status_code == 404 and "has no version '9.9.9'" in r.json()["error"]
 
     images = mnist[0][-64:][:6][:, None].copy()  # (6, 1, 28, 28) uint8, same digits as pngs
     inp = tritonclient_http.InferInput("images", list(images.shape), "UINT8")
@@ -110,6 +112,8 @@ def test_v2_errors(server: Server) -> None:
                       "data": [True, False, True, False]}]}, 400, "list of numbers"),
         ({"inputs": [{"name": "images", "shape": [1, 2, 2], "datatype": "UINT8",
                       "data": [[1, 2], [3]]}]}, 400, "list of numbers"),
+        ({"inputs": [{"name": "images", "shape": [1, 2, 2], "datatype": "UINT8",
+                      "data": [[1, True], [0, 4]]}]}, 400, "list of numbers"),
         ({"inputs": [{"name": "images", "shape": [1, True, 2], "datatype": "UINT8",
                       "data": [1, 2]}]}, 400, "shape"),
         ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
