@@ -1,6 +1,7 @@
 """API-key check for training and model-admin endpoints.
 
-The key travels as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``, is compared with
+The key travels as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` (both, then the same
+key), is compared with
 :func:`secrets.compare_digest` and is never logged. Missing key: 401; wrong key: 403. With no key
 configured (``VGE_API_KEY`` unset) the management endpoints are disabled (403).
 """
@@ -16,13 +17,21 @@ from service.errors import Forbidden, Unauthorized
 
 
 def _presented_key(request: Request) -> str | None:
+    """The key the request presents; two different keys (Bearer and X-API-Key) are a 401, not a
+    silent choice of one."""
+    bearer = None
     auth = request.headers.get("authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    key = request.headers.get("x-api-key")
-    return key.strip() if key and key.strip() else None
+            bearer = token.strip()
+    key = (request.headers.get("x-api-key") or "").strip() or None
+    if bearer is not None and key is not None and bearer != key:
+        raise Unauthorized(
+            "two different keys (Authorization: Bearer and X-API-Key): send one",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return bearer or key
 
 
 async def require_api_key(request: Request) -> None:

@@ -115,6 +115,11 @@ def test_auth(server: Server, path: str) -> None:
         assert ok.status_code == 200 and "jobs" in ok.json()
         ok = c.get("/v1/training-jobs", headers={"Authorization": f"Bearer {API_KEY}"})
         assert ok.status_code == 200
+        both = {"Authorization": f"Bearer {API_KEY}", "X-API-Key": API_KEY}
+        assert c.get("/v1/training-jobs", headers=both).status_code == 200  # the same key twice
+        for wrong in ({**both, "X-API-Key": "other"}, {**both, "Authorization": "Bearer other"}):
+            # two different keys: refused whichever is right (one used to win silently)
+            _error(c.get("/v1/training-jobs", headers=wrong), 401, "two different keys")
     assert API_KEY not in server.log()
     assert server.metric("vge_rejections_total", reason="unauthorized") >= 3
 
