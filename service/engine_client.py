@@ -22,7 +22,7 @@ import numpy as np
 
 from models.serving import ScoreColumns, ScoreOptions
 from service.errors import NotReady, QueueFull
-from service.ipc import FrameReader, InferRequest, RemoteError, encode
+from service.ipc import FrameReader, InferRequest, RemoteError, encode, encode_infer
 from service.model_manager import ModelInfo
 from service.shm import HEADER, Allocator, Arena, nbytes_of
 
@@ -229,7 +229,10 @@ class EngineClient:
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (future, offset)
-        writer.write(encode([(kind, request_id, payload)]))
+        if kind == "infer":
+            writer.write(encode_infer(request_id, payload))
+        else:
+            writer.write(encode([(kind, request_id, payload)]))
         return future
 
     async def infer(

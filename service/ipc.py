@@ -1,7 +1,8 @@
 """The control channel between front ends and the engine: framed pickles over a Unix socket.
 
 Each message is a tuple ``(kind, request_id, payload)``. Messages travel in frames: a pickled list
-of messages prefixed with its length (4 bytes, little endian). The engine's :class:`Outbox` puts
+of messages prefixed with its length (4 bytes, little endian), or, for the one message a front end
+sends per request, a packed ``infer`` record (:func:`encode_infer`: fixed-width fields, no pickle). The engine's :class:`Outbox` puts
 the answers of one batch to one front end into one frame, so its event loop pickles and writes
 once per batch and front end, not once per request. Tensors never
 travel here — only offsets into a shared arena (:mod:`service.shm`) and the packed score rows of
@@ -26,10 +27,22 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from models.serving import ScoreOptions
 from service import errors
 
 _LEN = struct.Struct("<I")
 MAX_FRAME = 256 * 1024 * 1024
+#: First body byte of a frame that holds packed infer records; a pickle (protocol 2+) starts 0x80.
+_PACKED = ord("I")
+#: One packed infer record: request id, generation, offset, dtype code, members, shape (n, Cin,
+#: H, W), abstain_k, top_k, timeout_s.
+_INFER = struct.Struct("<QqQcc4IdId")
+_DTYPE_CODES = {"uint8": b"B", "float32": b"f"}
+_DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
+#: Unpacked options by their fields: equal options come back as one object (the batcher's grouping
+#: key), built once. Bounded: a client may send a new abstain_k with every request.
+_OPTIONS: dict[tuple[float, bytes, int], Any] = {}
+_OPTIONS_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +53,7 @@ class InferRequest:
     offset: int
     dtype: str  # "uint8" (pixels, normalised on the engine) or "float32" (prepared input)
     shape: tuple[int, ...]  # (n, Cin, H, W)
-    options: Any  # models.serving.ScoreOptions
+    options: ScoreOptions
     timeout_s: float
 
     def __reduce__(self) -> tuple[type[InferRequest], tuple[Any, ...]]:
@@ -84,13 +97,60 @@ def encode(messages: list[Message]) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+def encode_infer(request_id: int, req: InferRequest) -> bytes:
+    """One frame holding the message ``("infer", request_id, req)``.
+
+    Packed as fixed-width fields: a front end sends one per request and the engine reads every
+    one on its event loop, which on a GPU host is what limits single-image serving. On the 2-core
+    box a pickled frame cost 3.5 µs to write and 4.0 µs to read, a packed one 0.5 and 2.0. A
+    request that does not fit the record (another dtype, not 4-D) goes pickled, so the engine
+    refuses it with its usual error.
+    """
+    dtype = _DTYPE_CODES.get(req.dtype)
+    o = req.options
+    if dtype is None or len(req.shape) != 4 or o.members not in ("p", "q"):
+        return encode([("infer", request_id, req)])
+    try:
+        record = _INFER.pack(
+            request_id, req.generation, req.offset, dtype, o.members.encode(), *req.shape,
+            o.abstain_k, o.top_k, req.timeout_s,
+        )  # fmt: skip
+    except struct.error:  # a field out of its range: the engine's own check answers it
+        return encode([("infer", request_id, req)])
+    return _LEN.pack(1 + len(record)) + b"I" + record
+
+
+def _unpack_infer(body: memoryview) -> list[Message]:
+    """The messages of a packed frame's body (after its first byte)."""
+    out: list[Message] = []
+    for fields in _INFER.iter_unpack(body):
+        rid, generation, offset, dtype, members, n, c, h, w, k, top_k, timeout = fields
+        key = (k, members, top_k)
+        options = _OPTIONS.get(key)
+        if options is None:
+            if len(_OPTIONS) >= _OPTIONS_MAX:
+                _OPTIONS.clear()
+            options = _OPTIONS[key] = ScoreOptions(k, members.decode(), top_k)
+        shape = (n, c, h, w)
+        out.append(("infer", rid, InferRequest(generation, offset, _DTYPE_NAMES[dtype], shape,
+                                              options, timeout)))  # fmt: skip
+    return out
+
+
+def decode(body: bytes | bytearray) -> list[Message]:
+    """The messages of one frame's body (pickled or packed)."""
+    if body and body[0] == _PACKED:
+        return _unpack_infer(memoryview(body)[1:])
+    messages: list[Message] = pickle.loads(body)
+    return messages
+
+
 async def read_frame(reader: asyncio.StreamReader) -> list[Message]:
     """The messages of the next frame, in order; raises ``asyncio.IncompleteReadError`` at EOF."""
     (n,) = _LEN.unpack(await reader.readexactly(_LEN.size))
     if n > MAX_FRAME:
         raise ValueError(f"control frame of {n} bytes is over the limit")
-    messages: list[Message] = pickle.loads(await reader.readexactly(n))
-    return messages
+    return decode(await reader.readexactly(n))
 
 
 class FrameReader:
@@ -122,7 +182,7 @@ class FrameReader:
                 start = pos + _LEN.size
                 if end - start < n:
                     break
-                messages += pickle.loads(buf[start : start + n])
+                messages += decode(buf[start : start + n])
                 pos = start + n
             if pos:
                 del buf[:pos]
@@ -144,18 +204,19 @@ class Outbox:
     decoded kept the engine idle meanwhile (877 → 653 req/s at 16 connections on the 2-core box).
     """
 
-    __slots__ = ("_writer", "_messages", "_scheduled")
+    __slots__ = ("_writer", "_messages", "_scheduled", "_loop")
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
         self._messages: list[Message] = []
         self._scheduled = False
+        self._loop = asyncio.get_running_loop()
 
     def put(self, message: Message) -> None:
         self._messages.append(message)
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Write what is waiting as one frame (dropped once the connection is closing)."""

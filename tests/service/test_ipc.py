@@ -9,7 +9,16 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from models.serving import ScoreOptions
-from service.ipc import MAX_FRAME, FrameReader, InferRequest, Outbox, encode, read_frame
+from service import ipc
+from service.ipc import (
+    MAX_FRAME,
+    FrameReader,
+    InferRequest,
+    Outbox,
+    encode,
+    encode_infer,
+    read_frame,
+)
 
 Body = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -99,6 +108,77 @@ def test_an_infer_request_crosses_whole_and_its_options_still_group() -> None:
             got.options.top_k = 4  # type: ignore[misc]
 
     _over_a_socket(body)
+
+
+def test_a_packed_infer_request_crosses_whole_and_equal_options_arrive_as_one_object() -> None:
+    """The front end's per-request message is a packed record, not a pickle; every field comes
+    back, and requests with equal options share one ScoreOptions (the batcher's grouping key)."""
+    options = ScoreOptions(abstain_k=0.75, members="q", top_k=3)
+    sent = [
+        InferRequest(2, 4096, "uint8", (1, 1, 28, 28), options, 12.5),
+        InferRequest(3, 8192, "float32", (64, 3, 32, 32), ScoreOptions(0.75, "q", 3), 0.001),
+        InferRequest(-1, 2**40, "uint8", (2, 1, 28, 28), ScoreOptions(1e-9, "p", 10), 3600.0),
+    ]
+    frames = [encode_infer(7 + i, r) for i, r in enumerate(sent)]
+    assert all(f[4:5] == b"I" for f in frames)  # packed, not pickled (b"\x80")
+    assert len(frames[0]) < len(encode([("infer", 7, sent[0])])) / 2
+
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"".join(frames) + encode([("call", 99, ("models.history", {}))]))
+        got = await FrameReader(reader).read()
+        assert got == [("infer", 7 + i, r) for i, r in enumerate(sent)] + [
+            ("call", 99, ("models.history", {}))
+        ]
+        assert got[0][2].options is got[1][2].options  # one object for equal options
+        assert type(got[2][2].options) is ScoreOptions and got[2][2].options.members == "p"
+        reader.feed_data(frames[1])
+        assert await read_frame(reader) == [("infer", 8, sent[1])]
+
+    asyncio.run(main())
+
+
+def test_an_infer_request_the_record_cannot_hold_goes_pickled_and_arrives_unchanged() -> None:
+    """Another dtype, another rank or a field out of range: the engine still gets the request as
+    sent and answers it with its own error (it refuses dtypes other than uint8/float32)."""
+    options = ScoreOptions(0.5, "p", 1)
+    odd = [
+        InferRequest(1, 64, "float64", (1, 1, 28, 28), options, 1.0),
+        InferRequest(1, 64, "uint8", (1, 28, 28), options, 1.0),
+        InferRequest(1, -64, "uint8", (1, 1, 28, 28), options, 1.0),  # offset is unsigned
+        InferRequest(1, 64, "uint8", (1, 1, 28, 28), ScoreOptions(0.5, "p", 2**33), 1.0),
+    ]
+    for req in odd:
+        frame = encode_infer(5, req)
+        assert frame[4] == 0x80  # a pickle
+
+        async def main(frame: bytes = frame, req: InferRequest = req) -> None:
+            reader = asyncio.StreamReader()
+            reader.feed_data(frame)
+            assert await FrameReader(reader).read() == [("infer", 5, req)]
+
+        asyncio.run(main())
+
+
+def test_the_unpacked_options_cache_is_bounded_and_stays_correct(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ipc, "_OPTIONS", {})
+    monkeypatch.setattr(ipc, "_OPTIONS_MAX", 4)
+    ks = [0.1 * (i + 1) for i in range(10)]
+    frames = b"".join(
+        encode_infer(i, InferRequest(0, 64, "uint8", (1, 1, 28, 28), ScoreOptions(k, "p", 1), 1.0))
+        for i, k in enumerate(ks)
+    )
+
+    async def main() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data(frames)
+        got = await FrameReader(reader).read()
+        assert [m[2].options.abstain_k for m in got] == ks
+        assert len(ipc._OPTIONS) <= 4
+
+    asyncio.run(main())
 
 
 def test_the_frame_reader_returns_every_frame_that_has_arrived_in_order() -> None:
