@@ -117,4 +117,5 @@ def create_app(settings: Settings, engine: EngineClient) -> FastAPI:
 def asgi_app(app: FastAPI) -> ASGIApp:
     """What a front end's uvicorn runs: ``app`` behind its one middleware and the scoring routes'
     fast lane (service/routes/direct.py)."""
-    return ServingMiddleware(DirectDispatch(app), app.state.service)
+    dispatch = DirectDispatch(app)
+    return ServingMiddleware(dispatch, app.state.service, scoring=dispatch.serves)

@@ -10,8 +10,8 @@ CPU per request even without contention (docs/benchmarks.md, "Reading the 2-core
 from __future__ import annotations
 
 import json
-import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,8 +21,12 @@ from service.errors import PayloadTooLarge, error_body
 #: Paths whose requests are not timed (the scrape itself).
 _UNTIMED = frozenset({"/metrics"})
 
-#: Requests that send images to the engine: ``POST /v1/predict`` and V2 ``.../infer``.
-_SCORING = re.compile(r"^/(v1/predict|v2/models/[^/]+(/versions/[^/]+)?/infer)$")
+#: ``scoring(method, path)``: whether a request sends images to the engine (counted on arrival).
+Scoring = Callable[[str, str], bool]
+
+
+def _never(method: str, path: str) -> bool:
+    return False
 
 
 class ServingMiddleware:
@@ -46,9 +50,13 @@ class ServingMiddleware:
       still uploading is not counted (a slow client would otherwise hold every batch).
     """
 
-    def __init__(self, app: ASGIApp, state: Any) -> None:
+    def __init__(self, app: ASGIApp, state: Any, scoring: Scoring = _never) -> None:
         self.app = app
         self.state = state
+        # Which requests count as arriving: the app's scoring routes, as the dispatcher in front
+        # of the app decides them (service.app.asgi_app passes DirectDispatch.serves), so the
+        # two never disagree about which paths score.
+        self.scoring = scoring
         self.metrics = state.metrics
         self.max_bytes: int = state.settings.max_payload_bytes
 
@@ -86,7 +94,7 @@ class ServingMiddleware:
                     "(VGE_MAX_PAYLOAD_BYTES); send fewer or smaller images",
                 )
                 return
-            scoring = scope["method"] == "POST" and _SCORING.match(scope["path"]) is not None
+            scoring = self.scoring(scope["method"], scope["path"])
             arrival = state.engine.arrival() if scoring else None
             counting = None  # the request's place in the arrival count, once inside `arrival`
             received = 0

@@ -119,17 +119,27 @@ class DirectDispatch:
             regex, _, convertors = compile_path(direct.path)
             self.routes.append((direct.method, regex, convertors, direct))
 
+    def _match(self, method: str, path: str) -> tuple[DirectPath, dict[str, Any]] | None:
+        """The direct route serving ``method path`` and its converted path parameters."""
+        for route_method, regex, convertors, direct in self.routes:
+            if method != route_method:
+                continue
+            match = regex.match(path)
+            if match is not None:
+                return direct, {k: convertors[k].convert(v) for k, v in match.groupdict().items()}
+        return None
+
+    def serves(self, method: str, path: str) -> bool:
+        """Whether ``method path`` goes the direct way (a scoring request: it sends images to the
+        engine; :class:`service.middleware.ServingMiddleware` counts it as arriving)."""
+        return self._match(method, path) is not None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            method, path = scope["method"], scope["path"]
-            for route_method, regex, convertors, direct in self.routes:
-                if method != route_method:
-                    continue
-                match = regex.match(path)
-                if match is not None:
-                    params = {k: convertors[k].convert(v) for k, v in match.groupdict().items()}
-                    await self._call(direct, params, scope, receive, send)
-                    return
+            found = self._match(scope["method"], scope["path"])
+            if found is not None:
+                await self._call(*found, scope, receive, send)
+                return
         await self.fallback(scope, receive, send)
 
     async def _call(

@@ -22,6 +22,12 @@ from service.settings import Settings
 from service.shm import Arena, create_arena_file
 
 
+def _scoring(method: str, path: str) -> bool:
+    """The served app's scoring routes (test_the_served_app_counts_exactly_its_scoring_routes
+    checks the real predicate); here a stand-in for a test app."""
+    return method == "POST" and path in {"/v1/predict", "/v2/models/tiny/versions/1.0.0/infer"}
+
+
 @pytest.fixture
 def state(tmp_path: Path) -> ServiceState:
     path = tmp_path / "fe.arena"
@@ -63,7 +69,7 @@ def test_a_request_counts_from_its_complete_body_until_it_ends(state: ServiceSta
             seen.append(arena.arriving)  # part of the body
         seen.append(arena.arriving)  # the whole body: counted while parsed and decoded
 
-    app = ServingMiddleware(inner, state)
+    app = ServingMiddleware(inner, state, scoring=_scoring)
     _call(app, "/v1/predict", [b"a", b"b", b"c"])
     assert seen == [0, 0, 0, 1]
     assert arena.arriving == 0  # the request ended: no longer counted
@@ -83,7 +89,7 @@ def test_sending_to_the_engine_ends_the_count_and_other_paths_never_count(
         _ARRIVAL.get().sent()  # what EngineClient.infer does right before it writes the request
         seen.append(arena.arriving)
 
-    app = ServingMiddleware(inner, state)
+    app = ServingMiddleware(inner, state, scoring=_scoring)
     _call(app, "/v2/models/tiny/versions/1.0.0/infer", [b"{}"])
     assert seen == [1, 0]
     seen.clear()
@@ -92,8 +98,8 @@ def test_sending_to_the_engine_ends_the_count_and_other_paths_never_count(
         await receive()
         seen.append(arena.arriving)
 
-    _call(ServingMiddleware(other, state), "/v1/score", [b"{}"])
-    _call(ServingMiddleware(other, state), "/v1/models/promote", [b"{}"])
+    _call(ServingMiddleware(other, state, scoring=_scoring), "/v1/score", [b"{}"])
+    _call(ServingMiddleware(other, state, scoring=_scoring), "/v1/models/promote", [b"{}"])
     assert seen == [0, 0]
 
 
@@ -103,7 +109,7 @@ def test_a_failing_request_leaves_the_count_at_zero(state: ServiceState) -> None
         raise ValueError("decode failed")
 
     with pytest.raises(ValueError):
-        _call(ServingMiddleware(inner, state), "/v1/predict", [b"x"])
+        _call(ServingMiddleware(inner, state, scoring=_scoring), "/v1/predict", [b"x"])
     assert state.engine.arena.arriving == 0
 
 
@@ -166,3 +172,19 @@ def test_bodies_over_the_cap_are_refused_by_length_or_while_streaming(
     assert state.metrics.rejections.labels(reason="payload_too_large")._value.get() == 3
     assert state.engine.arena.arriving == 0
     assert _call(app, "/v1/predict", [b"x" * (cap // 2), b"x" * (cap // 2)])[0]["status"] == 200
+
+
+def test_the_served_app_counts_exactly_its_scoring_routes(state: ServiceState) -> None:
+    """asgi_app hands the middleware the dispatcher's own route table: the requests that send
+    images to the engine, and nothing else (no second list of paths to keep in step)."""
+    from service.app import asgi_app, create_app
+
+    served = asgi_app(create_app(state.settings, state.engine))
+    assert isinstance(served, ServingMiddleware)
+    scoring = served.scoring
+    for path in ("/v1/predict", "/v2/models/m/infer", "/v2/models/m/versions/2/infer"):
+        assert scoring("POST", path), path
+        assert not scoring("GET", path), path
+    for path in ("/v1/score", "/v1/models/promote", "/v2/models/m", "/v2/models/m/ready",
+                 "/v1/predict/", "/v2/models/m/versions/2/infer/x", "/metrics"):  # fmt: skip
+        assert not scoring("POST", path), path
