@@ -13,11 +13,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vge-gpu}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu.log") 2>&1
-# GPU_STEPS picks steps and their order (default all): tests decision serving profile cpu, e.g.
+# GPU_STEPS picks steps and their order (default all): tests decision serving engine profile cpu,
+# e.g.
 #   GPU_STEPS="tests serving" GPU_TESTS=tests/gpu bash benchmarks/gpu.sh
 # GPU_TARGETS: the servers of the serving step (benchmarks.serving --targets; "vge@KEY=VALUE,..."
 # runs vge with VGE_ settings).
-STEPS=" ${GPU_STEPS:-tests decision serving profile cpu} "
+STEPS=" ${GPU_STEPS:-tests decision serving engine profile cpu} "
 TARGETS=${GPU_TARGETS:-vge vge-overlap litserve-scaled}
 step() { echo; echo "=== $* ($(date +%T))"; }
 save() { cp docs/benchmarks.md "$OUT/benchmarks.md"; }
@@ -57,6 +58,11 @@ run_serving() {
     --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
     --duration 3 --section "GPU host"; save
 }
+run_engine() {
+  step "the engine alone on CUDA: CPU per single-image request, no HTTP"
+  timeout 60 $PY -m benchmarks.engine --device cuda --model cnn4-lle-vgn-mnist --clients 15 \
+    --conc 256 --rounds 2 --seconds 3
+}
 run_profile() {
   step "where vge's CPU goes on CUDA at c=256 (py-spy)"
   command -v py-spy >/dev/null &&
@@ -73,8 +79,8 @@ run_cpu() {
 # name is checked before the first runs.
 for s in $STEPS; do
   case $s in
-    tests | decision | serving | profile | cpu) ;;
-    *) echo "unknown step $s (tests decision serving profile cpu)"; exit 2 ;;
+    tests | decision | serving | engine | profile | cpu) ;;
+    *) echo "unknown step $s (tests decision serving engine profile cpu)"; exit 2 ;;
   esac
 done
 for s in $STEPS; do "run_$s"; done
