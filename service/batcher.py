@@ -134,6 +134,7 @@ class Batcher:
         self._pending: deque[_Unit] = deque()
         self._rows = 0
         self._rows_by: dict[Any, int] = {}  # predictor -> rows queued for it (O(1) fullness)
+        self._model_rows: dict[str, int] = {}  # model name -> rows queued (its queue-depth gauge)
         # Arrivals wake the batch loop only once this many rows are queued: 0 (every arrival)
         # except while a batch computes and the next may start only when full (in_flight > 1).
         self._wake_rows = 0
@@ -168,6 +169,10 @@ class Batcher:
         """Images waiting in the queue."""
         return self._rows
 
+    def queued_rows_of(self, model: str) -> int:
+        """Images of ``model`` waiting in the queue (what its ``vge_queue_depth`` reads)."""
+        return self._model_rows.get(model, 0)
+
     def hurry(self) -> None:
         """Shutdown has begun: run each batch as soon as it is taken, never wait to fill it.
 
@@ -199,6 +204,7 @@ class Batcher:
         gone += [u for batch in self._running.values() for u in batch]
         self._pending.clear()
         self._rows_by.clear()
+        self._model_rows.clear()
         for unit in gone:
             unit.reply(
                 None,
@@ -250,6 +256,7 @@ class Batcher:
         self._pending.append(unit)
         self._rows += n
         self._rows_by[predictor] = self._rows_by.get(predictor, 0) + n
+        self._model_rows[model] = self._model_rows.get(model, 0) + n
         if not self._stale_depth:
             loop.call_soon(self._publish_depth)
         self._stale_depth.add(model)
@@ -311,7 +318,7 @@ class Batcher:
         multiprocess mode, ~1 µs on the engine's loop per request)."""
         stale, self._stale_depth = self._stale_depth, set()
         for model in stale:
-            self._queue_depth(model).set(self._rows)
+            self._queue_depth(model).set(self._model_rows.get(model, 0))
 
     def _queue_depth(self, model: str) -> Any:
         """The queue-depth gauge of ``model`` (prometheus-client's labelled child, cached)."""
@@ -327,8 +334,7 @@ class Batcher:
             with contextlib.suppress(ValueError):
                 self._pending.remove(unit)
             self._rows -= unit.rows
-            self._untrack(unit.predictor, unit.rows)
-            self._queue_depth(unit.model).set(self._rows)
+            self._untrack(unit.predictor, unit.model, unit.rows)
             self._wakeup.set()
 
     # ------------------------------------------------------------------ batch loop
@@ -336,12 +342,17 @@ class Batcher:
         """Rows queued for ``predictor`` (kept as a count: the batch loop asks on every wake-up)."""
         return self._rows_by.get(predictor, 0)
 
-    def _untrack(self, predictor: Any, rows: int) -> None:
+    def _untrack(self, predictor: Any, model: str, rows: int) -> None:
+        """Rows of ``predictor`` (serving ``model``) left the queue; its gauge follows."""
         left = self._rows_by.get(predictor, 0) - rows
         if left > 0:
             self._rows_by[predictor] = left
         else:  # a swapped-out model's predictor is not kept alive by the count
             self._rows_by.pop(predictor, None)
+        left = self._model_rows.pop(model, 0) - rows
+        if left > 0:
+            self._model_rows[model] = left
+        self._queue_depth(model).set(max(left, 0))
 
     def _take(self, predictor: Any) -> list[_Unit]:
         """Remove and return up to ``max_batch_size`` rows of ``predictor``'s requests, in order.
@@ -366,10 +377,9 @@ class Batcher:
             rows += unit.rows
         pending.extendleft(reversed(others))
         self._rows -= rows
-        self._untrack(predictor, rows)
         if batch:
             model = batch[0].model
-            self._queue_depth(model).set(self._rows)
+            self._untrack(predictor, model, rows)
             waits = now - np.fromiter((u.enqueued for u in batch), float, len(batch))
             observe_many(self.metrics.queue_wait.labels(model=model), waits)
         return batch

@@ -40,6 +40,8 @@ class UncertaintyMonitor:
             deferral = (getattr(card, "abstain_calibration", None) or {}).get("achieved_deferral")
         if deferral is not None:
             metrics.calibrated_deferral.labels(model=model).set(float(deferral))
+        self._deferral_exported = deferral is not None
+        self.retired = False  # the model is no longer served (see retire)
         self._values = np.zeros((window, 3))  # columns: vgmu, eu, abstain
         self._n = 0
         self._next = 0
@@ -66,9 +68,29 @@ class UncertaintyMonitor:
         self._next = (self._next + len(rows)) % w
         self._n = min(self._n + len(rows), w)
         now = time.monotonic()
-        if now - self._last >= UPDATE_EVERY_S and self._n >= MIN_SAMPLES:
+        if not self.retired and now - self._last >= UPDATE_EVERY_S and self._n >= MIN_SAMPLES:
             self._last = now
             self.refresh()
+
+    def retire(self, *, clear: bool) -> None:
+        """The model was swapped out: stop refreshing its window gauges (batches still computing
+        for it count in the histograms and class counters, but do not refresh them).
+
+        With ``clear`` (the served model has another name, so nothing else writes these series),
+        the window gauges read NaN from now on: multiprocess gauges cannot be removed, and a gauge
+        left at its last value would hold an alert on it (``VgeUncertaintyDrift``,
+        ``VgeAbstainRateHigh``) firing for a model that no longer serves. NaN compares false, so
+        those alerts resolve, and dashboards show a gap.
+        """
+        self.retired = True
+        if not clear:
+            return
+        nan = float("nan")
+        self.metrics.abstain_ratio_window.labels(model=self.model).set(nan)
+        for score in self.reference:
+            self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(nan)
+        if self._deferral_exported:
+            self.metrics.calibrated_deferral.labels(model=self.model).set(nan)
 
     def refresh(self) -> None:
         window = self._values[: self._n]

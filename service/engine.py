@@ -175,7 +175,22 @@ class Engine:
                 del self._monitors[old]
             monitor = UncertaintyMonitor(predictor.card.name, predictor.card, self.metrics)
             self._monitors[generation] = monitor
+            current = self.models.current
+            if current is not None and generation != current.info.generation:
+                # A batch of a model swapped out before its monitor existed: counted, not exported
+                # as the window of a served model.
+                monitor.retire(clear=monitor.model != current.info.name)
         return monitor
+
+    def _retire_monitors(self) -> None:
+        """After a swap: the monitors of models no longer served stop exporting their windows
+        (their gauges read NaN unless the served model has the same name and owns them)."""
+        current = self.models.current
+        if current is None:
+            return
+        for generation, monitor in self._monitors.items():
+            if generation != current.info.generation and not monitor.retired:
+                monitor.retire(clear=monitor.model != current.info.name)
 
     def _observe(self, predictor: Any, columns: Any) -> None:
         """Batcher hook (event loop, once per scored batch): the model's uncertainty monitor."""
@@ -189,7 +204,7 @@ class Engine:
         current = self.models.current
         if current is not None:
             name = current.info.name
-            self.metrics.queue_depth.labels(model=name).set(self.batcher.queued_rows)
+            self.metrics.queue_depth.labels(model=name).set(self.batcher.queued_rows_of(name))
             for abstained in ("true", "false"):
                 self.metrics.predictions.labels(model=name, abstained=abstained)
             for histogram in (
@@ -209,6 +224,7 @@ class Engine:
 
     def _broadcast_model(self) -> None:
         self._export_model_series()
+        self._retire_monitors()
         current = self.models.current
         if current is not None:
             for outbox in list(self._clients):

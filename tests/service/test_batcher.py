@@ -140,6 +140,40 @@ def test_a_batch_never_mixes_models(tiny_model: Path, pixels: torch.Tensor) -> N
     assert not np.allclose(a.data, b.data)
 
 
+def test_queue_depth_is_per_model_and_reaches_zero_for_a_swapped_out_model(
+    tiny_model: Path, pixels: torch.Tensor
+) -> None:
+    """``vge_queue_depth{model}`` counts that model's queued images: during a swap both models
+    have requests queued, and once the old model's last batch is taken its depth reads 0 (not the
+    queue's total at that moment, held forever)."""
+    old, new = (Predictor.from_dir(tiny_model, device="cpu") for _ in range(2))
+    opts = ScoreOptions(abstain_k=1.0, members="q", top_k=1)
+    metrics = Metrics()
+
+    def depth(model: str) -> float:
+        return metrics.queue_depth.labels(model=model)._value.get()
+
+    async def main() -> None:
+        batcher = _batcher(metrics=metrics)  # its batch loop not started: the queue stays put
+        answers: list = []
+        units = [
+            batcher.enqueue(old, "a", pixels[:3], opts, 10.0, lambda c, e: answers.append(e)),
+            batcher.enqueue(new, "b", pixels[:2], opts, 10.0, lambda c, e: answers.append(e)),
+            batcher.enqueue(new, "b", pixels[2:3], opts, 10.0, lambda c, e: answers.append(e)),
+        ]
+        await asyncio.sleep(0)  # the gauges are set once per loop iteration
+        assert (depth("a"), depth("b")) == (3, 3)
+        assert batcher.queued_rows == 6 and batcher.queued_rows_of("b") == 3
+        assert [u.rows for u in batcher._take(old)] == [3]  # the old model's last batch
+        assert (depth("a"), depth("b")) == (0, 3)
+        batcher.cancel(units[2])  # its front end went away
+        assert (depth("a"), depth("b"), batcher.queued_rows_of("b")) == (0, 2, 2)
+        assert [u.rows for u in batcher._take(new)] == [2]
+        assert (depth("a"), depth("b"), batcher.queued_rows) == (0, 0, 0)
+
+    asyncio.run(main())
+
+
 async def _slow_batcher_with_queued(
     predictor: Predictor, pixels: torch.Tensor, opts: ScoreOptions, n: int
 ) -> tuple[Batcher, list[asyncio.Task]]:

@@ -8,6 +8,7 @@ predict → abstain → queued → labelled → export → training job on the r
 from __future__ import annotations
 
 import io
+import math
 import tarfile
 import threading
 import time
@@ -129,6 +130,12 @@ def test_review_to_retrain_to_promote_and_roll_back(
             back = c.post("/v1/models/rollback", json={"to": history[2]["id"]})
             assert back.status_code == 200, back.text
         assert _served(srv) == "reviewed-model" and set(load.codes) == {200}
+        # Models swapped out stop exporting their windows (an alert on them resolves); the
+        # served one exports numbers.
+        for gone in ("tiny", "lenet5-lle-vgn-mnist"):
+            assert math.isnan(srv.metric("vge_abstain_ratio_window", model=gone)), gone
+        assert not math.isnan(srv.metric("vge_abstain_ratio_window", model="reviewed-model"))
+        assert srv.metric("vge_queue_depth", model="tiny") == 0
         assert c.post("/v1/models/rollback", json={"to": "nope"}).status_code == 404
         assert httpx.post(srv.url + "/v1/models/rollback").status_code == 401  # admin only
     finally:
