@@ -26,6 +26,13 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.head("/healthz")
+async def healthz_head() -> Response:
+    """Liveness for probes that send HEAD (HAProxy's ``option httpchk HEAD``, some load
+    balancers): the status and content type of ``GET /healthz``, no body."""
+    return Response(media_type="application/json")
+
+
 @router.get("/readyz", responses={503: {"description": "loading or draining"}})  # same body
 async def readyz(state: State) -> JSONResponse:
     """Readiness: 200 with the engine up and a model loaded; 503 while loading or draining."""
@@ -34,6 +41,14 @@ async def readyz(state: State) -> JSONResponse:
     if state.engine.model is not None:
         body["model"] = state.engine.model.name
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.head("/readyz", responses={503: {"description": "loading or draining"}})
+async def readyz_head(state: State) -> Response:
+    """Readiness for probes that send HEAD: the status and content type of ``GET /readyz``, no
+    body."""
+    ready, _ = is_ready(state)
+    return Response(status_code=200 if ready else 503, media_type="application/json")
 
 
 @router.get("/metrics", include_in_schema=False)

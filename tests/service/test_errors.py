@@ -169,7 +169,8 @@ def test_method_not_allowed_names_every_method_of_the_path(server: Server) -> No
             ("PUT", "/v2/models/tiny/infer", "POST"),
             ("DELETE", "/v1/reviews/abc", "GET, POST"),  # two routes, one path
             ("POST", "/v1/models", "GET"),
-            ("HEAD", "/healthz", "GET"),  # FastAPI's routes serve no HEAD: not advertised
+            ("HEAD", "/v1/models", "GET"),  # FastAPI's routes serve no HEAD: not advertised
+            ("POST", "/healthz", "GET, HEAD"),  # the probes' paths serve HEAD as well
             ("OPTIONS", "/v1/models/promote", "POST"),  # not /v1/models/{name}: concrete wins
             ("POST", "/metrics", "GET"),  # undocumented: the router's own list
         ]:
