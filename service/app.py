@@ -22,7 +22,7 @@ from starlette.types import ASGIApp
 from service.db import Database
 from service.deps import ServiceState
 from service.engine_client import EngineClient
-from service.errors import install_error_handlers
+from service.errors import install_error_handlers, resource_table, route_template
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
 from service.reviews import ReviewStore
@@ -118,4 +118,10 @@ def asgi_app(app: FastAPI) -> ASGIApp:
     """What a front end's uvicorn runs: ``app`` behind its one middleware and the scoring routes'
     fast lane (service/routes/direct.py)."""
     dispatch = DirectDispatch(app)
-    return ServingMiddleware(dispatch, app.state.service, scoring=dispatch.serves)
+    table = resource_table(app)
+    return ServingMiddleware(
+        dispatch,
+        app.state.service,
+        scoring=dispatch.serves,
+        template=lambda method, path: route_template(table, method, path),
+    )

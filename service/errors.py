@@ -136,38 +136,63 @@ def _format_validation(exc: RequestValidationError) -> str:
 _OPERATIONS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
+#: A documented resource: its path regex, the number of its path parameters, its template and
+#: the methods it serves.
+Resource = tuple[re.Pattern[str], int, str, set[str]]
+
+
+def resource_table(app: FastAPI) -> list[Resource]:
+    """What the app documents, as :data:`Resource` rows: its OpenAPI path items (exactly the
+    methods of FastAPI's routes, which serve no HEAD), plus the app's own top-level routes
+    (Starlette's, which add HEAD to GET). FastAPI includes routers lazily (``app.routes`` holds the
+    routers, not their routes, since 0.16x), so this, not the router, is where the paths are."""
+    table: list[Resource] = []
+    for template, item in app.openapi()["paths"].items():
+        methods = {op.upper() for op in item if op in _OPERATIONS}
+        table.append((compile_path(template)[0], template.count("{"), template, methods))
+    for route in app.routes:
+        regex, methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
+        if regex is not None and methods:
+            table.append((regex, route.path.count("{"), route.path, set(methods)))
+    return table
+
+
+def _matching(table: list[Resource], path: str) -> list[Resource]:
+    """The most concrete resources at ``path`` (fewest path parameters), as OpenAPI matches paths
+    (``/v1/models/promote`` is the promote resource, not ``/v1/models/{name}``)."""
+    matches = [row for row in table if row[0].match(path)]
+    if not matches:
+        return []
+    fewest = min(row[1] for row in matches)
+    return [row for row in matches if row[1] == fewest]
+
+
+def route_template(table: list[Resource], method: str, path: str) -> str | None:
+    """The path template that serves ``method path`` (``/v2/models/{name}/infer``), or None: the
+    label of a request refused before routing (a 413 by its Content-Length)."""
+    for _, _, template, methods in _matching(table, path):
+        if method in methods:
+            return template
+    return None
+
+
 def _allowed_methods(request: Request, fallback: str) -> str:
-    """The methods of the documented resource at this path.
+    """The methods of the documented resource at this path (:func:`resource_table`).
 
     Starlette's 405 names only the first route whose path matches (e.g. GET of
-    ``/v1/reviews/{id}``, not the POST that is a separate route), and FastAPI includes routers
-    lazily (``app.routes`` holds the routers, not their routes, since 0.16x), so the table comes
-    from what the app documents: its OpenAPI path items (exactly the methods of FastAPI's routes,
-    which serve no HEAD), plus the app's own top-level routes (Starlette's, which add HEAD to GET).
-    Where several templates match, the most concrete one names the resource, as OpenAPI matches
-    paths (``OPTIONS /v1/models/promote`` is a 405 of the promote resource, ``POST``, although a
-    GET there is routed to ``/v1/models/{name}``). A path documented nowhere (``/metrics``) keeps
-    ``fallback``, the router's own ``Allow``. Built once per app, at its first 405.
+    ``/v1/reviews/{id}``, not the POST that is a separate route). Where several templates match,
+    the most concrete one names the resource (``OPTIONS /v1/models/promote`` is a 405 of the
+    promote resource, ``POST``, although a GET there is routed to ``/v1/models/{name}``). A path
+    documented nowhere (``/metrics``) keeps ``fallback``, the router's own ``Allow``. Built once
+    per app, at its first 405.
     """
-    table: list[tuple[re.Pattern[str], int, set[str]]] | None = getattr(
-        request.app.state, "allow_table", None
-    )
+    table: list[Resource] | None = getattr(request.app.state, "allow_table", None)
     if table is None:
-        table = []
-        for template, item in request.app.openapi()["paths"].items():
-            methods = {op.upper() for op in item if op in _OPERATIONS}
-            table.append((compile_path(template)[0], template.count("{"), methods))
-        for route in request.app.routes:
-            regex, methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
-            if regex is not None and methods:
-                table.append((regex, route.path.count("{"), set(methods)))
-        request.app.state.allow_table = table
-    path = request.url.path
-    matches = [(params, methods) for regex, params, methods in table if regex.match(path)]
+        table = request.app.state.allow_table = resource_table(request.app)
+    matches = _matching(table, request.url.path)
     if not matches:
         return fallback
-    fewest = min(params for params, _ in matches)
-    return ", ".join(sorted(set().union(*(m for p, m in matches if p == fewest))))
+    return ", ".join(sorted(set().union(*(row[3] for row in matches))))
 
 
 def install_error_handlers(app: FastAPI) -> None:

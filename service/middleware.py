@@ -50,13 +50,22 @@ class ServingMiddleware:
       still uploading is not counted (a slow client would otherwise hold every batch).
     """
 
-    def __init__(self, app: ASGIApp, state: Any, scoring: Scoring = _never) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        state: Any,
+        scoring: Scoring = _never,
+        template: Callable[[str, str], str | None] | None = None,
+    ) -> None:
         self.app = app
         self.state = state
         # Which requests count as arriving: the app's scoring routes, as the dispatcher in front
         # of the app decides them (service.app.asgi_app passes DirectDispatch.serves), so the
         # two never disagree about which paths score.
         self.scoring = scoring
+        # ``template(method, path)``: the route template of a request refused before routing (a
+        # 413 by Content-Length), so its duration is labelled by endpoint, not "unmatched".
+        self.template = template
         self.metrics = state.metrics
         self.max_bytes: int = state.settings.max_payload_bytes
 
@@ -123,7 +132,10 @@ class ServingMiddleware:
             if timed:
                 metrics.inflight.dec()
                 route = scope.get("route")
-                endpoint = getattr(route, "path", None) or "unmatched"
+                endpoint = getattr(route, "path", None)
+                if endpoint is None and self.template is not None:
+                    endpoint = self.template(scope["method"], scope["path"])
+                endpoint = endpoint or "unmatched"
                 metrics.request_duration.labels(
                     endpoint=endpoint, method=scope["method"], status=str(status)
                 ).observe(time.perf_counter() - start)

@@ -48,8 +48,15 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
         too_many = [("images", (f"{i}.png", png)) for i in range(17)]  # max_images=16
         _error(c.post("/v1/predict", files=too_many), 413, "too many images")
         huge = b"\0" * 500_000  # over max_payload_bytes=400000
-        _error(c.post("/v1/predict", content=huge, headers={"content-type": "application/json"}),
-               413, "exceeds")  # fmt: skip
+        for path, template in [("/v1/predict", "/v1/predict"),
+                               ("/v2/models/tiny/infer", "/v2/models/{name}/infer"),
+                               ("/v1/nowhere", "unmatched")]:  # fmt: skip
+            counted = {"endpoint": template, "method": "POST", "status": "413"}
+            before = server.metric("vge_request_duration_seconds_count", **counted)
+            r = c.post(path, content=huge, headers={"content-type": "application/json"})
+            _error(r, 413, "exceeds")  # by its Content-Length, before any route saw it ...
+            # ... and still counted under its route's template (dashboards by endpoint)
+            assert server.metric("vge_request_duration_seconds_count", **counted) == before + 1
         b64 = base64.b64encode(png).decode()
         ok = c.post(
             "/v1/predict", params={"abstain_k": 1}, json={"images": [b64], "abstain_k": None}
