@@ -81,15 +81,21 @@ def _host_us_per_call(fn, x: torch.Tensor, calls: int = 200) -> float:  # noqa: 
     return host * 1e6 / calls
 
 
-def _fused_row(x: torch.Tensor, want: torch.Tensor) -> tuple[float, str, str, int | None]:
+def _fused_row(x: torch.Tensor, want: torch.Tensor) -> tuple[float, str, str, str, int | None]:
     """The fused kernel on ``x``: µs/sample with its own launch configuration, the best of
-    :data:`SWEEP`, host µs per call, GPU operations; every configuration checked against ``want``."""
+    :data:`SWEEP`, host µs per call, the same through Triton's JIT launch (no direct launch of
+    the compiled kernel), GPU operations; every configuration checked against ``want``."""
     b = x.shape[0]
     fused = _us_per_sample(lambda t: kernel.fused_decide(t, 1.0, 5), x)
     host = _host_us_per_call(lambda t: kernel.fused_decide(t, 1.0, 5), x)
     ops = _gpu_ops(lambda t: kernel.fused_decide(t, 1.0, 5), x)
-    print(f"  fused B={b} default: {fused:.3f} µs/sample, host {host:.1f} µs/call "
-          f"(synchronised {fused * b:.1f})", flush=True)  # fmt: skip
+    jit = _us_per_sample(lambda t: kernel.fused_decide(t, 1.0, 5, direct=False), x)
+    jit_host = _host_us_per_call(lambda t: kernel.fused_decide(t, 1.0, 5, direct=False), x)
+    launch = "direct" if kernel._DIRECT else "Triton's JIT (no direct launch fits this Triton)"
+    print(f"  fused B={b} default ({launch}): {fused:.3f} µs/sample, host {host:.1f} µs/call "
+          f"(synchronised {fused * b:.1f}); Triton's JIT launch: {jit:.3f} µs/sample, host "
+          f"{jit_host:.1f} µs/call", flush=True)  # fmt: skip
+    via_jit = f"{jit:.3f}; host {jit_host:.1f}"
     timed = {}
     for tile, warps in SWEEP:
         run = lambda t, c=(tile, warps): kernel.fused_decide(  # noqa: E731
@@ -103,9 +109,9 @@ def _fused_row(x: torch.Tensor, want: torch.Tensor) -> tuple[float, str, str, in
         timed[(tile, warps)] = t = _us_per_sample(run, x)
         print(f"  fused B={b} tile={tile} warps={warps}: {t:.3f}", flush=True)
     if not timed:
-        return fused, "every configuration wrong", f"{host:.1f}", ops
+        return fused, "every configuration wrong", f"{host:.1f}", via_jit, ops
     (tile, warps), t_best = min(timed.items(), key=lambda kv: kv[1])
-    return fused, f"{t_best:.3f} ({tile}, {warps})", f"{host:.1f}", ops
+    return fused, f"{t_best:.3f} ({tile}, {warps})", f"{host:.1f}", via_jit, ops
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dev = torch.device(args.device)
     rows = ["| B | M | C | read floor µs/sample | decide eager | decide compiled | compiled, one CUDA graph "
-            "| fused kernel | fused, best of sweep (tile, warps) | fused host µs/call | fused / floor "
+            "| fused kernel | fused, best of sweep (tile, warps) | fused host µs/call "
+            "| fused via Triton's JIT launch (µs/sample; host µs/call) | fused / floor "
             "| GPU ops eager / compiled / fused |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     compiled = compile_decide() if args.compile else None  # what a compiled engine runs
     for b in (128, 4096):
         m, c = 100, 1000
@@ -131,13 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         graph = _graph_us_per_sample(lambda t: compiled(t, 1.0, 5), x) if compiled else nan
         ops_e = _gpu_ops(lambda t: decide(t, 1.0, 5), x)
         ops_c = _gpu_ops(lambda t: compiled(t, 1.0, 5), x) if compiled else None
-        fused, best, host, ops_f = nan, "–", "–", None
+        fused, best, host, via_jit, ops_f = nan, "–", "–", "–", None
         if kernel.supports(x):
             want = decide(x, 1.0, 5)
             torch.testing.assert_close(kernel.fused_decide(x, 1.0, 5), want, rtol=1e-5, atol=1e-6)
-            fused, best, host, ops_f = _fused_row(x, want)
+            fused, best, host, via_jit, ops_f = _fused_row(x, want)
         rows.append(f"| {b} | {m} | {c} | {floor:.3f} | {eager:.3f} | {comp:.3f} | {graph:.3f} | "
-                    f"{fused:.3f} | {best} | {host} | {fused / floor:.1f}× | {ops_e} / {ops_c} / {ops_f} |")  # fmt: skip
+                    f"{fused:.3f} | {best} | {host} | {via_jit} | {fused / floor:.1f}× "
+                    f"| {ops_e} / {ops_c} / {ops_f} |")  # fmt: skip
         print(rows[-1], flush=True)
     if not args.no_write:
         write_section(

@@ -24,8 +24,10 @@ Entropies use ``0 log 0 = 0``, like ``torch.special.entr`` on probabilities. The
 
 Measured on an H100 (docs/benchmarks.md, "Served decision (cuda)"): 0.307 µs/sample at B = 128,
 M = 100, C = 1000 (17 compiled operations: 2.9), bound by the launch itself: Triton's Python launch
-costs ~34 µs of host time, 0.27 µs/sample at that batch. At B = 4096 the kernel is 1.7× the time
-to read the members once. Splitting each sample's members over several programs (a second kernel
+costs ~34 µs of host time, 0.27 µs/sample at that batch. So after its first launch a
+configuration is launched straight through its compiled kernel (:data:`_DIRECT`, checked once
+against the JIT launch; not yet measured on a GPU: ``benchmarks.decision`` prints both). At
+B = 4096 the kernel is 1.7× the time to read the members once. Splitting each sample's members over several programs (a second kernel
 merging them) was slower at B = 128 (0.374: two launches), so one program per sample it is.
 
 On a CPU the same kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``): that is how CI,
@@ -36,6 +38,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -163,6 +167,42 @@ if triton is not None:
     )
 
 
+#: Compiled kernels launched without Triton's per-call binding, by (device index, BLOCK_M,
+#: BLOCK_C, warps): each a ``launch(grid, args)``. Triton's JIT launch binds, specializes and
+#: looks up every argument on every call; on the H100 host (Triton 3.6) that was ~34 µs of host
+#: time per call, more than the kernel's GPU time at B = 128, so the decision was launch-bound.
+_DIRECT: dict[
+    tuple[int, int, int, int], Callable[[tuple[int, int, int], tuple[Any, ...]], None]
+] = {}
+#: Set once a direct launch failed or disagreed with Triton's: its launch only, from then on.
+_direct_off = False
+
+
+def _direct_launch(
+    kernel: Any, grid: tuple[int, int, int], args: tuple[Any, ...], constexprs: tuple[int, int],
+    want: Tensor,
+) -> Callable[[tuple[int, int, int], tuple[Any, ...]], None] | None:  # fmt: skip
+    """A launcher of ``kernel`` (Triton's compiled kernel, just launched by the JIT with ``args``
+    into ``want``) that skips the JIT's binding, or None.
+
+    Triton's compiled-kernel launch takes every argument in order (constexprs too, in 3.3 and
+    later; earlier ones take only the rest). Each form is tried once into a fresh output and kept
+    only if it writes exactly what the JIT launch wrote; anything else (another Triton, another
+    convention) answers None and the JIT launch stays.
+    """
+    if not callable(getattr(kernel, "__getitem__", None)) or not hasattr(kernel, "function"):
+        return None  # not a compiled kernel (e.g. Triton's interpreter)
+    for extra in (constexprs, ()):
+        trial = torch.empty_like(want)
+        try:
+            kernel[grid](args[0], trial, *args[2:], *extra)
+        except Exception:  # noqa: BLE001 - another launch convention
+            continue
+        if torch.equal(trial.nan_to_num(-7.0), want.nan_to_num(-7.0)):
+            return lambda grid, args, extra=extra: kernel[grid](*args, *extra)
+    return None
+
+
 def supports(members: Tensor) -> bool:
     """Whether :func:`fused_decide` serves ``members`` ``(B, M, C)``: a CUDA tensor, Triton present,
     ``2 ≤ C ≤`` :data:`MAX_CLASSES`."""
@@ -181,6 +221,7 @@ def fused_decide(
     *,
     block_m: int | None = None,
     num_warps: int | None = None,
+    direct: bool = True,
 ) -> Tensor:
     """:func:`models.serving.decide` in one kernel launch: members ``(B, M, C)`` -> the packed
     ``(B, 7 + 2n)`` float64 block, ``n = min(top_k, C)``, on the members' device.
@@ -189,8 +230,12 @@ def fused_decide(
     (``TRITON_INTERPRET=1`` before Triton is imported), which is how CI checks the kernel.
     Arithmetic is float32 (what a server scores: float64 members are converted first).
     ``block_m`` (members per tile, a power of two) and ``num_warps`` override the launch
-    configuration chosen from the shape (``benchmarks.decision`` sweeps them).
+    configuration chosen from the shape (``benchmarks.decision`` sweeps them). With ``direct``
+    (the default), a configuration already launched once goes straight to its compiled kernel
+    (:data:`_DIRECT`, verified against Triton's own launch on first use); ``direct=False`` always
+    launches through Triton's JIT.
     """
+    global _direct_off
     if triton is None:
         raise RuntimeError("fused_decide needs Triton (it ships with torch's CUDA builds)")
     check_abstain_k(abstain_k)
@@ -208,11 +253,24 @@ def fused_decide(
     if block_m is None:
         block_m = max(1, min(1 << max(0, m - 1).bit_length(), _TILE // block_c))
     warps = num_warps or max(1, min(16, block_m * block_c // 1024))
+    args = (x, out, m, c, x.stride(0), x.stride(1), n, float(abstain_k), EPS, 1.0 / math.log(c))
+    # Pointers are specialized on 16-byte alignment when compiled: only aligned ones go direct.
+    aligned = x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
+    key = (x.device.index or 0, block_m, block_c, warps)
+    launch = _DIRECT.get(key) if direct and aligned else None
     # Triton launches on the current CUDA device: make it the members' (cuda:N, N > 0).
     on_device = torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
     with on_device:
-        _decision_kernel[(b,)](
-            x, out, m, c, x.stride(0), x.stride(1), n, float(abstain_k), EPS, 1.0 / math.log(c),
-            BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps,
+        if launch is not None:
+            launch((b, 1, 1), args)
+            return out
+        compiled = _decision_kernel[(b,)](
+            *args, BLOCK_M=block_m, BLOCK_C=block_c, num_warps=warps
         )  # fmt: skip
+        if direct and aligned and not _direct_off and key not in _DIRECT:
+            launch = _direct_launch(compiled, (b, 1, 1), args, (block_m, block_c), out)
+            if launch is not None:
+                _DIRECT[key] = launch
+            elif hasattr(compiled, "function"):  # a compiled kernel no direct launch fits
+                _direct_off = True
     return out

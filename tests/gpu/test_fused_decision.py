@@ -57,3 +57,18 @@ def test_cuda_predictor_serves_the_fused_decision(tiny_model: Path) -> None:
         rtol=1e-5,
         atol=1e-6,
     )
+
+
+def test_the_compiled_kernel_is_launched_directly_after_its_first_launch() -> None:
+    """After one launch through Triton's JIT, a configuration goes straight to its compiled kernel
+    (verified against the JIT launch then); answers stay those of decide."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    first, second = (
+        torch.softmax(3 * torch.randn((128, 100, 1000), generator=g, device="cuda"), dim=-1)
+        for _ in range(2)
+    )
+    kernel.fused_decide(first, 1.0, 5)
+    assert kernel._DIRECT and not kernel._direct_off  # this Triton's launch convention fits
+    got = kernel.fused_decide(second, 1.0, 5)
+    torch.testing.assert_close(got, decide(second, 1.0, 5), rtol=1e-5, atol=1e-6)
+    assert torch.equal(got, kernel.fused_decide(second, 1.0, 5, direct=False))

@@ -120,3 +120,42 @@ def test_predictor_off_cuda_uses_the_torch_decision() -> None:
     from models.predictor import fused_decision
 
     assert fused_decision(torch.device("cpu"), 10, 5) is None
+
+
+class _Compiled:
+    """A stand-in for Triton's compiled kernel (``kernel[grid](*args)``; no GPU here), computing
+    the packed block with ``models.serving.decide``. ``constexprs``: whether its launch takes the
+    constexpr arguments too (Triton >= 3.3) or refuses them; ``wrong``: it writes other values."""
+
+    function = object()  # what a compiled kernel has and the interpreter's result lacks
+
+    def __init__(self, constexprs: bool, wrong: bool = False) -> None:
+        self.constexprs, self.wrong, self.launches = constexprs, wrong, 0
+
+    def __getitem__(self, grid: tuple[int, int, int]):  # noqa: ANN204
+        def run(x, out, m, c, sb, sm, n, k, eps, inv_log_c, *extra):  # noqa: ANN001, ANN202
+            if bool(extra) != self.constexprs:
+                raise TypeError(f"function takes {10 + 2 * self.constexprs} arguments")
+            self.launches += 1
+            out.copy_(decide(x, k, n) + (1.0 if self.wrong else 0.0))
+
+        return run
+
+
+@pytest.mark.parametrize("constexprs", [True, False])
+def test_a_direct_launch_is_kept_only_when_it_writes_what_tritons_launch_wrote(
+    constexprs: bool,
+) -> None:
+    x = torch.softmax(torch.randn((4, 3, 10), generator=torch.Generator().manual_seed(0)), -1)
+    want = decide(x, 1.0, 2)
+    out = torch.empty_like(want)
+    args = (x, out, 3, 10, x.stride(0), x.stride(1), 2, 1.0, 1e-8, 0.4)
+    compiled = _Compiled(constexprs)
+    launch = kernel._direct_launch(compiled, (4, 1, 1), args, (4, 16), want)
+    assert launch is not None  # whichever convention this Triton's launch takes
+    launch((4, 1, 1), args)
+    assert torch.equal(out, want)
+    # Triton's interpreter returns no compiled kernel; a kernel writing other values is refused.
+    assert kernel._direct_launch(None, (4, 1, 1), args, (4, 16), want) is None
+    wrong = _Compiled(constexprs, wrong=True)
+    assert kernel._direct_launch(wrong, (4, 1, 1), args, (4, 16), want) is None
