@@ -254,8 +254,13 @@ def fused_decide(
         block_m = max(1, min(1 << max(0, m - 1).bit_length(), _TILE // block_c))
     warps = num_warps or max(1, min(16, block_m * block_c // 1024))
     args = (x, out, m, c, x.stride(0), x.stride(1), n, float(abstain_k), EPS, 1.0 / math.log(c))
-    # Pointers are specialized on 16-byte alignment when compiled: only aligned ones go direct.
-    aligned = x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
+    # What the compiled kernel was specialized on must hold for a direct launch: pointers on
+    # 16-byte alignment, integers as 32-bit (Triton types larger ones as 64-bit).
+    aligned = (
+        x.data_ptr() % 16 == 0
+        and out.data_ptr() % 16 == 0
+        and max(x.stride(0), x.stride(1)) < 2**31
+    )
     key = (x.device.index or 0, block_m, block_c, warps)
     launch = _DIRECT.get(key) if direct and aligned else None
     # Triton launches on the current CUDA device: make it the members' (cuda:N, N > 0).
