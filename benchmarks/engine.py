@@ -143,7 +143,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, float]]:
     workdir = Path(tempfile.mkdtemp(prefix="vge-bench-engine-"))
     metrics_dir = workdir / "metrics"
     metrics_dir.mkdir()
-    # As the supervisor does, before prometheus-client is imported anywhere.
+    # As the supervisor does, before prometheus-client is imported anywhere (restored after: the
+    # directory goes with the run).
+    previous = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     from benchmarks.peers import model_dir
     from service.engine import engine_main
@@ -186,6 +188,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, float]]:
         engine.terminate()
         engine.join(30)
         shutil.rmtree(workdir, ignore_errors=True)
+        if previous is None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        else:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = previous
     return rounds
 
 

@@ -72,24 +72,25 @@ class UncertaintyMonitor:
             self._last = now
             self.refresh()
 
-    def retire(self, *, clear: bool) -> None:
+    def retire(self, successor: UncertaintyMonitor | None = None) -> None:
         """The model was swapped out: stop refreshing its window gauges (batches still computing
         for it count in the histograms and class counters, but do not refresh them).
 
-        With ``clear`` (the served model has another name, so nothing else writes these series),
-        the window gauges read NaN from now on: multiprocess gauges cannot be removed, and a gauge
-        left at its last value would hold an alert on it (``VgeUncertaintyDrift``,
-        ``VgeAbstainRateHigh``) firing for a model that no longer serves. NaN compares false, so
-        those alerts resolve, and dashboards show a gap.
+        Its window gauges read NaN from now on, except those that ``successor`` — the monitor of
+        the model now served under the same name — exports itself: multiprocess gauges cannot be
+        removed, and a gauge left at its last value would hold an alert on it
+        (``VgeUncertaintyDrift``, ``VgeAbstainRateHigh``) firing for a model that no longer
+        serves, or compare the new model's abstentions with the old card's calibration. NaN
+        compares false, so those alerts resolve, and dashboards show a gap.
         """
         self.retired = True
-        if not clear:
-            return
         nan = float("nan")
-        self.metrics.abstain_ratio_window.labels(model=self.model).set(nan)
-        for score in self.reference:
+        if successor is None:
+            self.metrics.abstain_ratio_window.labels(model=self.model).set(nan)
+        kept = set() if successor is None else set(successor.reference)
+        for score in set(self.reference) - kept:
             self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(nan)
-        if self._deferral_exported:
+        if self._deferral_exported and (successor is None or not successor._deferral_exported):
             self.metrics.calibrated_deferral.labels(model=self.model).set(nan)
 
     def refresh(self) -> None:

@@ -179,18 +179,27 @@ class Engine:
             if current is not None and generation != current.info.generation:
                 # A batch of a model swapped out before its monitor existed: counted, not exported
                 # as the window of a served model.
-                monitor.retire(clear=monitor.model != current.info.name)
+                monitor.retire(self._successor(monitor))
         return monitor
+
+    def _successor(self, monitor: Any) -> Any:
+        """The served model's monitor when it has ``monitor``'s model name (it owns the series it
+        exports under that name), else None."""
+        current = self.models.current
+        if current is None:
+            return None
+        served = self._monitors.get(current.info.generation)
+        return served if served is not None and served.model == monitor.model else None
 
     def _retire_monitors(self) -> None:
         """After a swap: the monitors of models no longer served stop exporting their windows
-        (their gauges read NaN unless the served model has the same name and owns them)."""
+        (their gauges read NaN, but for those the served model of the same name exports)."""
         current = self.models.current
         if current is None:
             return
         for generation, monitor in self._monitors.items():
             if generation != current.info.generation and not monitor.retired:
-                monitor.retire(clear=monitor.model != current.info.name)
+                monitor.retire(self._successor(monitor))
 
     def _observe(self, predictor: Any, columns: Any) -> None:
         """Batcher hook (event loop, once per scored batch): the model's uncertainty monitor."""

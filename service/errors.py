@@ -170,7 +170,8 @@ def _matching(table: list[Resource], path: str) -> list[Resource]:
 def route_template(table: list[Resource], method: str, path: str) -> str | None:
     """The path template that serves ``method path`` (``/v2/models/{name}/infer``), or None: the
     label of a request refused before routing (a 413 by its Content-Length)."""
-    for _, _, template, methods in _matching(table, path):
+    matches = sorted((row for row in table if row[0].match(path)), key=lambda row: row[1])
+    for _, _, template, methods in matches:  # the most concrete that serves the method, as routed
         if method in methods:
             return template
     return None

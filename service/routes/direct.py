@@ -132,7 +132,10 @@ class DirectDispatch:
     def serves(self, method: str, path: str) -> bool:
         """Whether ``method path`` goes the direct way (a scoring request: it sends images to the
         engine; :class:`service.middleware.ServingMiddleware` counts it as arriving)."""
-        return self._match(method, path) is not None
+        return any(
+            method == route_method and regex.match(path) is not None
+            for route_method, regex, _, _ in self.routes
+        )  # no path-parameter conversion: only whether, not which
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

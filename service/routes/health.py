@@ -27,10 +27,11 @@ async def healthz() -> dict[str, str]:
 
 
 @router.head("/healthz")
-async def healthz_head() -> Response:
+async def healthz_head() -> JSONResponse:
     """Liveness for probes that send HEAD (HAProxy's ``option httpchk HEAD``, some load
-    balancers): the status and content type of ``GET /healthz``, no body."""
-    return Response(media_type="application/json")
+    balancers): the GET's response, whose body the server does not send (its headers, including
+    the Content-Length, are the GET's, as RFC 9110 asks)."""
+    return JSONResponse(await healthz())
 
 
 @router.get("/readyz", responses={503: {"description": "loading or draining"}})  # same body
@@ -44,11 +45,9 @@ async def readyz(state: State) -> JSONResponse:
 
 
 @router.head("/readyz", responses={503: {"description": "loading or draining"}})
-async def readyz_head(state: State) -> Response:
-    """Readiness for probes that send HEAD: the status and content type of ``GET /readyz``, no
-    body."""
-    ready, _ = is_ready(state)
-    return Response(status_code=200 if ready else 503, media_type="application/json")
+async def readyz_head(state: State) -> JSONResponse:
+    """Readiness for probes that send HEAD: the GET's response, whose body is not sent."""
+    return await readyz(state)
 
 
 @router.get("/metrics", include_in_schema=False)

@@ -67,7 +67,7 @@ def test_a_swapped_out_model_reads_nan_and_is_no_longer_refreshed(card: SimpleNa
     n = drift.MIN_SAMPLES
     monitor.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)))
     assert _gauges(metrics, "old")[1] > 0.25  # drifting: the alert's condition holds
-    monitor.retire(clear=True)
+    monitor.retire()  # the served model has another name
     assert all(math.isnan(v) for v in _gauges(metrics, "old"))
     monitor._last = -1e9  # due for a refresh: a late batch of the old model must not refresh
     monitor.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)))
@@ -76,17 +76,25 @@ def test_a_swapped_out_model_reads_nan_and_is_no_longer_refreshed(card: SimpleNa
     assert metrics.prediction_vgmu.labels(model="old")._sum.get() == pytest.approx(0.1 * n)
 
 
-def test_retiring_without_clear_leaves_the_series_to_the_same_named_successor(
+def test_a_same_named_successor_keeps_its_series_and_the_rest_read_nan(
     card: SimpleNamespace,
 ) -> None:
-    """A reload of the same model name: the new generation's monitor owns the series."""
+    """A reload or a retrained model under the same name: its monitor owns the series it exports;
+    what only the old card had (a drift score, a calibrated deferral) reads NaN."""
     metrics = Metrics()
     old = UncertaintyMonitor("m", card, metrics)
     new = UncertaintyMonitor("m", card, metrics)
-    old.retire(clear=False)
+    old.retire(new)
     n = drift.MIN_SAMPLES
     new.observe(_columns(np.full(n, 0.9), np.full(n, 0.001), np.zeros(n)))
     before = _gauges(metrics, "m")
     old._last = -1e9
     old.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)))
     assert _gauges(metrics, "m") == before and not any(math.isnan(v) for v in before)
+
+    bare = SimpleNamespace(class_names=["0", "1"])  # an older card: no reference, no calibration
+    newest = UncertaintyMonitor("m", bare, metrics)
+    new.retire(newest)
+    ratio, d_vgmu, d_eu, deferral = _gauges(metrics, "m")
+    assert ratio == 0.0  # the successor exports it (0 until its window fills)
+    assert math.isnan(d_vgmu) and math.isnan(d_eu) and math.isnan(deferral)

@@ -50,6 +50,8 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
         huge = b"\0" * 500_000  # over max_payload_bytes=400000
         for path, template in [("/v1/predict", "/v1/predict"),
                                ("/v2/models/tiny/infer", "/v2/models/{name}/infer"),
+                               # stats serves GET: a POST there is routed to the template
+                               ("/v1/reviews/stats", "/v1/reviews/{review_id}"),
                                ("/v1/nowhere", "unmatched")]:  # fmt: skip
             counted = {"endpoint": template, "method": "POST", "status": "413"}
             before = server.metric("vge_request_duration_seconds_count", **counted)

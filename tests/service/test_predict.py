@@ -16,9 +16,11 @@ def test_health_and_models(server: Server) -> None:
     with server.client() as c:
         assert c.get("/healthz").json() == {"status": "ok"}
         assert c.get("/readyz").json()["status"] == "ready"
-        for probe in ("/healthz", "/readyz"):  # HEAD probes: the GET's status, no body
-            r = c.head(probe)
+        for probe in ("/healthz", "/readyz"):  # HEAD probes: the GET's headers, no body
+            r, got = c.head(probe), c.get(probe)
             assert (r.status_code, r.content) == (200, b""), probe
+            assert r.headers["content-length"] == got.headers["content-length"] != "0", probe
+            assert r.headers["content-type"] == got.headers["content-type"], probe
         models = c.get("/v1/models").json()["models"]
     assert len(models) == 1
     m = models[0]
