@@ -60,7 +60,8 @@ run_serving() {
 }
 run_engine() {
   step "the engine alone on CUDA: CPU per single-image request, no HTTP"
-  timeout 60 $PY -m benchmarks.engine --device cuda --model cnn4-lle-vgn-mnist --clients 15 \
+  # On CUDA the engine compiles its buckets at load (about a minute): the timeout allows for it.
+  timeout 200 $PY -m benchmarks.engine --device cuda --model cnn4-lle-vgn-mnist --clients 15 \
     --conc 256 --rounds 2 --seconds 3
 }
 run_profile() {
