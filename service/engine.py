@@ -26,10 +26,9 @@ from typing import Any
 
 from service.ipc import FrameReader, InferRequest, Outbox, RemoteError, read_frame
 from service.settings import Settings
+from service.shm import DTYPES
 
 log = logging.getLogger("vge.engine")
-
-_DTYPES = {"uint8", "float32"}
 
 
 class Engine:
@@ -305,7 +304,7 @@ class Engine:
                 self._error(outbox, request_id, error)
 
         try:
-            if req.dtype not in _DTYPES:
+            if req.dtype not in DTYPES:
                 raise ValueError(f"unsupported input dtype {req.dtype!r}")
             predictor = self.models.predictor_for(req.generation)
             x = arena.array(req.offset, req.dtype, tuple(req.shape))  # numpy: no torch op here

@@ -22,7 +22,7 @@ import numpy as np
 
 from models.serving import ScoreColumns, ScoreOptions
 from service.errors import NotReady, QueueFull
-from service.ipc import FrameReader, InferRequest, RemoteError, encode, encode_infer
+from service.ipc import FrameReader, InferRequest, RemoteError, encode, encode_message
 from service.model_manager import ModelInfo
 from service.shm import HEADER, Allocator, Arena, nbytes_of
 
@@ -229,10 +229,7 @@ class EngineClient:
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (future, offset)
-        if kind == "infer":
-            writer.write(encode_infer(request_id, payload))
-        else:
-            writer.write(encode([(kind, request_id, payload)]))
+        writer.write(encode_message((kind, request_id, payload)))
         return future
 
     async def infer(

@@ -158,20 +158,15 @@ def resource_table(app: FastAPI) -> list[Resource]:
 
 
 def _matching(table: list[Resource], path: str) -> list[Resource]:
-    """The most concrete resources at ``path`` (fewest path parameters), as OpenAPI matches paths
-    (``/v1/models/promote`` is the promote resource, not ``/v1/models/{name}``)."""
-    matches = [row for row in table if row[0].match(path)]
-    if not matches:
-        return []
-    fewest = min(row[1] for row in matches)
-    return [row for row in matches if row[1] == fewest]
+    """The resources at ``path``, the most concrete (fewest path parameters) first, as OpenAPI
+    matches paths (``/v1/models/promote`` is the promote resource, not ``/v1/models/{name}``)."""
+    return sorted((row for row in table if row[0].match(path)), key=lambda row: row[1])
 
 
 def route_template(table: list[Resource], method: str, path: str) -> str | None:
     """The path template that serves ``method path`` (``/v2/models/{name}/infer``), or None: the
     label of a request refused before routing (a 413 by its Content-Length)."""
-    matches = sorted((row for row in table if row[0].match(path)), key=lambda row: row[1])
-    for _, _, template, methods in matches:  # the most concrete that serves the method, as routed
+    for _, _, template, methods in _matching(table, path):  # the most concrete that serves it
         if method in methods:
             return template
     return None
@@ -193,7 +188,8 @@ def _allowed_methods(request: Request, fallback: str) -> str:
     matches = _matching(table, request.url.path)
     if not matches:
         return fallback
-    return ", ".join(sorted(set().union(*(row[3] for row in matches))))
+    fewest = matches[0][1]
+    return ", ".join(sorted(set().union(*(row[3] for row in matches if row[1] == fewest))))
 
 
 def install_error_handlers(app: FastAPI) -> None:

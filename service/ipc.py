@@ -2,8 +2,9 @@
 
 Each message is a tuple ``(kind, request_id, payload)``. Messages travel in frames: a pickled list
 of messages prefixed with its length (4 bytes, little endian), or, for the one message a front end
-sends per request, a packed ``infer`` record (:func:`encode_infer`: fixed-width fields, no pickle). The engine's :class:`Outbox` puts
-the answers of one batch to one front end into one frame, so its event loop pickles and writes
+sends per request, a packed ``infer`` record (:func:`encode_message` / :func:`encode_infer`:
+fixed-width fields, no pickle). The engine's :class:`Outbox` puts the answers of one batch to one
+front end into one frame, so its event loop pickles and writes
 once per batch and front end, not once per request. Tensors never
 travel here — only offsets into a shared arena (:mod:`service.shm`) and the packed score rows of
 each request (a few hundred bytes per image).
@@ -106,18 +107,24 @@ def encode_infer(request_id: int, req: InferRequest) -> bytes:
     request that does not fit the record (another dtype, not 4-D) goes pickled, so the engine
     refuses it with its usual error.
     """
-    dtype = _DTYPE_CODES.get(req.dtype)
     o = req.options
-    if dtype is None or len(req.shape) != 4 or o.members not in ("p", "q"):
-        return encode([("infer", request_id, req)])
-    try:
+    try:  # struct refuses what the record cannot hold: no dtype code, not 4-D, out of range
         record = _INFER.pack(
-            request_id, req.generation, req.offset, dtype, o.members.encode(), *req.shape,
-            o.abstain_k, o.top_k, req.timeout_s,
+            request_id, req.generation, req.offset, _DTYPE_CODES.get(req.dtype),
+            o.members.encode(), *req.shape, o.abstain_k, o.top_k, req.timeout_s,
         )  # fmt: skip
-    except struct.error:  # a field out of its range: the engine's own check answers it
+    except struct.error:  # the engine's own checks answer it
         return encode([("infer", request_id, req)])
     return _LEN.pack(1 + len(record)) + b"I" + record
+
+
+def encode_message(message: Message) -> bytes:
+    """One frame holding ``message``: an ``infer`` one packed (:func:`encode_infer`), any other
+    pickled."""
+    kind, request_id, payload = message
+    if kind == "infer":
+        return encode_infer(request_id, payload)
+    return encode([message])
 
 
 def _unpack_infer(body: memoryview) -> list[Message]:

@@ -29,6 +29,10 @@ def _never(method: str, path: str) -> bool:
     return False
 
 
+def _no_template(method: str, path: str) -> str | None:
+    return None
+
+
 class ServingMiddleware:
     """One layer around every HTTP request of a front end (``state``: its
     :class:`service.deps.ServiceState`):
@@ -55,7 +59,7 @@ class ServingMiddleware:
         app: ASGIApp,
         state: Any,
         scoring: Scoring = _never,
-        template: Callable[[str, str], str | None] | None = None,
+        template: Callable[[str, str], str | None] = _no_template,
     ) -> None:
         self.app = app
         self.state = state
@@ -132,9 +136,9 @@ class ServingMiddleware:
             if timed:
                 metrics.inflight.dec()
                 route = scope.get("route")
-                endpoint = getattr(route, "path", None)
-                if endpoint is None and self.template is not None:
-                    endpoint = self.template(scope["method"], scope["path"])
+                endpoint = getattr(route, "path", None) or self.template(
+                    scope["method"], scope["path"]
+                )
                 endpoint = endpoint or "unmatched"
                 metrics.request_duration.labels(
                     endpoint=endpoint, method=scope["method"], status=str(status)

@@ -27,8 +27,9 @@ M = 100, C = 1000 (17 compiled operations: 2.9), bound by the launch itself: Tri
 costs ~34 µs of host time, 0.27 µs/sample at that batch. So after its first launch a
 configuration is launched straight through its compiled kernel (:data:`_DIRECT`, checked once
 against the JIT launch; not yet measured on a GPU: ``benchmarks.decision`` prints both). At
-B = 4096 the kernel is 1.7× the time to read the members once. Splitting each sample's members over several programs (a second kernel
-merging them) was slower at B = 128 (0.374: two launches), so one program per sample it is.
+B = 4096 the kernel is 1.7× the time to read the members once. Splitting each sample's members
+over several programs (a second kernel merging them) was slower at B = 128 (0.374: two
+launches), so one program per sample it is.
 
 On a CPU the same kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``): that is how CI,
 which has no GPU, checks it against :func:`models.serving.decide`.
@@ -276,6 +277,6 @@ def fused_decide(
             launch = _direct_launch(compiled, (b, 1, 1), args, (block_m, block_c), out)
             if launch is not None:
                 _DIRECT[key] = launch
-            elif hasattr(compiled, "function"):  # a compiled kernel no direct launch fits
+            else:  # no direct launch fits (or nothing was compiled: Triton's interpreter)
                 _direct_off = True
     return out
