@@ -24,9 +24,10 @@
   with exit code 1 and its message.
 * Drain (SIGTERM or SIGINT): front ends turn not-ready at once and keep answering for
   ``drain_s`` with ``Connection: close``; then they stop accepting and finish what they hold; the
-  supervisor answers any connection still waiting in the listen backlogs with 503 (so every
-  request that reached the server gets an HTTP answer), stops the engine (which computes what it
-  holds) and exits 0.
+  supervisor answers any connection still waiting in the listen backlogs with 503
+  (:mod:`service.backlog`: it reads the request head first and closes lingering, so no reset
+  destroys the answer), so every request that reached the server gets an HTTP answer; then it
+  stops the engine (which computes what it holds) and exits 0.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from service.backlog import answer_queued
 from service.settings import Settings
 
 log = logging.getLogger("vge.supervisor")
@@ -52,14 +54,6 @@ log = logging.getLogger("vge.supervisor")
 #: An engine that dies this many times in a row without becoming ready stops the server.
 MAX_ENGINE_FAILURES = 3
 ENGINE_START_TIMEOUT_S = 600.0
-
-_BUSY_BODY = (
-    b'{"error": "the server is shutting down; retry on another replica", "code": "not_ready"}'
-)
-_BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
-) % (len(_BUSY_BODY), _BUSY_BODY)
 
 
 def die_with_parent() -> None:
@@ -256,23 +250,9 @@ class Supervisor:
         self._stop_engine()
 
     def _answer_backlogs(self) -> None:
-        """503 every connection still queued on the listeners, then close them."""
+        """503 every connection still queued on the listeners, then close them (service.backlog)."""
         listeners, self.listeners = self.listeners, []
-        answered = 0
-        for sock in listeners:
-            sock.setblocking(False)
-            while True:
-                try:
-                    conn, _ = sock.accept()
-                except OSError:  # BlockingIOError: the queue is empty
-                    break
-                with contextlib.suppress(OSError), conn:
-                    conn.settimeout(0.5)
-                    with contextlib.suppress(OSError):
-                        conn.recv(65536)
-                    conn.sendall(_BUSY)
-                    answered += 1
-            sock.close()
+        answered = answer_queued(listeners)
         if answered:
             log.info("answered %d queued connection(s) 503 at shutdown", answered)
 

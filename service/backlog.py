@@ -1,0 +1,108 @@
+"""Answer the connections still queued on the listeners with 503 at shutdown, losing none.
+
+When the front ends have stopped accepting, connections the kernel completed since wait in the
+listen queues. Closing a listener resets them, so their clients see a reset mid-request. The
+supervisor hands them here instead (:func:`answer_queued`):
+
+1. take every queued connection and close the listeners: from then on a new connection is
+   refused, which a client can tell from a request that was lost;
+2. for each connection (all at once, with a selector), read the request head, send a complete
+   ``503`` with ``Connection: close`` and ``Retry-After``, and half-close (``SHUT_WR``);
+3. keep reading, discarding, until the client closes (a lingering close, RFC 9112 §9.6).
+
+Step 3 is what makes the answer arrive. A socket closed with unread input sends a reset, and a
+reset can destroy the response in the client before it reads it. A client still writing its body
+when it was answered (httpx writes the head and the body in separate writes) would see the reset,
+not the 503. That happened in CI when the answer went out after the first ``recv``.
+
+Everything is bounded by ``timeout_s``: a client that never sends its head or never closes is
+closed then.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from dataclasses import dataclass, field
+
+BUSY_BODY = (
+    b'{"error": "the server is shutting down; retry on another replica", "code": "not_ready"}'
+)
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+) % (len(BUSY_BODY), BUSY_BODY)
+
+#: A request head longer than this is answered without waiting for its end.
+MAX_HEAD = 64 * 1024
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    head: bytearray = field(default_factory=bytearray)
+    answered: bool = False
+
+
+def take_queued(listeners: list[socket.socket]) -> list[socket.socket]:
+    """Accept every connection queued on ``listeners``, then close the listeners."""
+    taken: list[socket.socket] = []
+    for listener in listeners:
+        listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except ConnectionAbortedError:  # reset by its client while queued
+                continue
+            except OSError:  # BlockingIOError: the queue is empty
+                break
+            conn.setblocking(False)
+            taken.append(conn)
+        listener.close()
+    return taken
+
+
+def _answer(conn: _Conn) -> None:
+    conn.answered = True
+    try:
+        conn.sock.send(BUSY)  # ~300 bytes into an empty send buffer: one call sends it all
+        conn.sock.shutdown(socket.SHUT_WR)
+    except OSError:  # the client went away; nothing left to answer
+        pass
+
+
+def answer_queued(listeners: list[socket.socket], timeout_s: float = 2.0) -> int:
+    """503 every connection queued on ``listeners`` and close them; returns how many were answered.
+
+    See the module docstring for the protocol and why each step is there.
+    """
+    conns = [_Conn(sock) for sock in take_queued(listeners)]
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        for conn in conns:
+            selector.register(conn.sock, selectors.EVENT_READ, conn)
+        while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                conn = key.data
+                try:
+                    data = conn.sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:  # reset by the client
+                    data = b""
+                if not data:  # the client closed: answered and read, or gone before asking
+                    selector.unregister(conn.sock)
+                    conn.sock.close()
+                    continue
+                if conn.answered:
+                    continue  # the rest of a body nobody will read: discard it
+                conn.head += data
+                if b"\r\n\r\n" in conn.head or len(conn.head) > MAX_HEAD:
+                    _answer(conn)
+        for key in list(selector.get_map().values()):  # out of time
+            conn = key.data
+            if not conn.answered and conn.head:
+                _answer(conn)
+            conn.sock.close()
+    return sum(conn.answered for conn in conns)
