@@ -96,7 +96,8 @@ def frontend_main(
     from service.supervisor import die_with_parent
 
     die_with_parent()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's handlers came with the fork
+    signal.set_wakeup_fd(-1)  # the supervisor's handlers and wake-up socket came with the fork
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
     import torch
 

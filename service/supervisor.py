@@ -95,6 +95,7 @@ class Supervisor:
         self._spawn = mp.get_context("spawn")
         self._fork = mp.get_context("fork")
         self._metrics: Any = None
+        self._wake_w: socket.socket | None = None  # the signal wake-up socket (run)
 
     # ------------------------------------------------------------------ start
     def bind(self) -> int:
@@ -172,6 +173,12 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # A signal also writes a byte here, which ends the wait below at once: the front ends
+        # turn not-ready as soon as the supervisor is signalled, not up to a poll interval later.
+        wake, self._wake_w = socket.socketpair()
+        wake.setblocking(False)
+        self._wake_w.setblocking(False)
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
         self.start_engine()
         if not self.wait_engine_ready():
             if self._stopping:
@@ -194,7 +201,7 @@ class Supervisor:
         engine_failures = 0
         while not self._stopping:
             sentinels = [p.sentinel for p in [self.engine, *self.frontends]]
-            wait(sentinels, timeout=0.2)
+            wait([*sentinels, wake], timeout=0.2)
             if self._stopping:
                 break
             for i, proc in enumerate(self.frontends):
@@ -265,6 +272,9 @@ class Supervisor:
                 self.engine.join(5)
 
     def cleanup(self) -> None:
+        if self._wake_w is not None:
+            signal.set_wakeup_fd(-1)
+            self._wake_w.close()
         for path in self.arenas:
             with contextlib.suppress(OSError):
                 os.unlink(path)

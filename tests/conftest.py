@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests import postgres
+
+# Property tests draw the same examples on every run, so a run passes or fails on the code, not on
+# the draw (CI is one run). HYPOTHESIS_PROFILE=explore draws fresh examples when hunting for bugs.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -76,13 +78,16 @@ class Server:
 
 
 def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> Server:
-    """Start ``vge serve`` with ``settings`` (as VGE_* env vars) and wait until it is ready."""
-    port = free_port()
+    """Start ``vge serve`` with ``settings`` (as VGE_* env vars) and wait until it is ready.
+
+    It listens on a port the kernel picks (``VGE_PORT=0``), read from its "listening on" line, so
+    no other socket can take the port between choosing it and binding it.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
     env.update(
         {
             "VGE_HOST": "127.0.0.1",
-            "VGE_PORT": str(port),
+            "VGE_PORT": "0",
             "VGE_DEVICE": "cpu",
             "VGE_JOBS_DB_URL": f"sqlite:///{workdir / 'jobs.sqlite3'}",
             "VGE_JOBS_DIR": str(workdir / "jobs"),
@@ -99,7 +104,7 @@ def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> S
         env["VGE_MODEL_DIR"] = str(model_dir)
     env.update({f"VGE_{k.upper()}": str(v) for k, v in settings.items()})
     workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / f"server-{port}.log"
+    log_path = Path(tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)[1])
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli.serve"],
         cwd=REPO,
@@ -107,13 +112,15 @@ def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> S
         stdout=log_path.open("wb"),
         stderr=subprocess.STDOUT,
     )
-    server = Server(proc, f"http://127.0.0.1:{port}", log_path)
+    server = Server(proc, "", log_path)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        if not server.url and (m := re.search(r"listening on (http://\S+)", server.log())):
+            server.url = m.group(1)
         try:
-            if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
+            if server.url and httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
                 return server
         except httpx.TransportError:
             pass

@@ -7,11 +7,22 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from service.backlog import answer_queued
+
+
+def _accept_queue(listener: socket.socket) -> int:
+    """Connections waiting in ``listener``'s accept queue (rx_queue of its LISTEN row, Linux)."""
+    port = listener.getsockname()[1]
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+            return int(fields[4].split(":")[1], 16)
+    return 0
 
 
 def _listener() -> tuple[socket.socket, str]:
@@ -46,7 +57,10 @@ def test_queued_requests_get_a_whole_503_even_while_their_body_is_still_coming()
             post(b"{}", **{"content-type": "application/json"}),
         ]
         tasks = [asyncio.ensure_future(r) for r in requests]
-        await asyncio.sleep(0.05)  # all four connected (queued: nobody accepts yet)
+        deadline = time.monotonic() + 10
+        while _accept_queue(listener) < 4:  # all four connected (queued: nobody accepts yet)
+            assert time.monotonic() < deadline, _accept_queue(listener)
+            await asyncio.sleep(0.01)
         answered.append(await asyncio.to_thread(answer_queued, [listener], 5.0))
         return await asyncio.gather(*tasks, return_exceptions=True)
 
@@ -75,7 +89,10 @@ def test_silent_and_vanished_clients_do_not_hold_the_shutdown() -> None:
     gone.close()
     asking = socket.create_connection(listener.getsockname())
     asking.sendall(b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
-    time.sleep(0.05)
+    deadline = time.monotonic() + 10
+    while _accept_queue(listener) < 3:
+        assert time.monotonic() < deadline, _accept_queue(listener)
+        time.sleep(0.01)
     started = time.monotonic()
     assert answer_queued([listener], 0.5) == 1
     assert time.monotonic() - started < 2.0

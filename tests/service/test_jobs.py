@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,13 @@ def _wait(server: Server, job_id: str, states: set[str], timeout: float = 120) -
             return job
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} never reached {states}: {job}\n{server.log()}")
+
+
+def _until(cond: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
 
 
 def test_job_lifecycle_cancel_promote_and_restart(
@@ -65,7 +73,8 @@ def test_job_lifecycle_cancel_promote_and_restart(
             assert not (work / "models" / long_id).exists()
             r = c.post("/v1/models/promote", json={"model": long_id})
             assert r.status_code == 404, r.text
-            assert srv.metric("vge_training_jobs", state="cancelled") == 1
+            # the gauge is refreshed just after the state is stored: allow it that moment
+            _until(lambda: srv.metric("vge_training_jobs", state="cancelled") == 1)
             assert srv.metric("vge_training_jobs", state="succeeded") == 1
 
             # a job running when the server dies is marked interrupted at the next start

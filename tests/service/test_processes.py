@@ -79,6 +79,15 @@ def test_metrics_describe_every_process(tree: Server, pngs: list[bytes]) -> None
     with ThreadPoolExecutor(10) as pool:  # ten connections: the kernel spreads them
         codes = list(pool.map(lambda i: _predict(tree, pngs[i]).status_code, range(10)))
     assert codes == [200] * 10
+    # a request is counted after its response is written: wait for the last one, then every
+    # scrape (whichever front end answers it) must show the same total
+    _wait_until(
+        lambda: (
+            tree.metric("vge_request_duration_seconds_count", endpoint="/v1/predict") == before + 10
+        ),
+        10,
+        "all ten requests to be counted",
+    )
     seen = {tree.metric("vge_request_duration_seconds_count", endpoint="/v1/predict")
             for _ in range(6)}  # fmt: skip
     assert seen == {before + 10}
@@ -318,5 +327,5 @@ def test_a_replaced_front_end_clears_the_arrival_count_its_predecessor_left(
         "both front ends to be replaced",
     )
     _wait_until(lambda: _ready(tree), 30, "readiness")
-    assert _arriving(tree) == 0
+    _wait_until(lambda: _arriving(tree) == 0, 10, "the replacements to clear their arena counts")
     assert _predict(tree, pngs[0]).status_code == 200
