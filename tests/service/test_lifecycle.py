@@ -71,37 +71,48 @@ def test_deadline_gives_504_before_compute(slow_server: Server, pngs: list[bytes
 def test_hot_swap_under_load_has_zero_failures(server: Server, pngs: list[bytes]) -> None:
     admin = {"X-API-Key": API_KEY}
     stop = asyncio.Event()
+    last_swap: list[float] = []  # when the promote back to tiny-v1 returned
 
     async def load(client: httpx.AsyncClient, i: int, seen: list) -> None:
         while not stop.is_set():
+            sent = time.monotonic()
             r = await client.post("/v1/predict", files=[("images", ("a.png", pngs[i % 64]))])
-            seen.append((r.status_code, r.json().get("model_version")))
+            seen.append((r.status_code, r.json().get("model_version"), sent))
+
+    async def until_answers(seen: list, n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(seen) < n:
+            assert time.monotonic() < deadline, f"only {len(seen)} answers"
+            await asyncio.sleep(0.05)
 
     async def main() -> list:
         seen: list = []
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
             workers = [asyncio.create_task(load(client, i, seen)) for i in range(8)]
-            await asyncio.sleep(0.5)
+            await until_answers(seen, 8)
+            before_swap = len(seen)
             r = await client.post("/v1/models/promote", json={"model": "tiny-v2"}, headers=admin)
             assert r.status_code == 200, r.text
             assert r.json()["model"]["version"] == "2.0.0"
+            assert {v for _, v, _ in seen[:before_swap]} == {"1.0.0"}
             await asyncio.sleep(0.5)
             r = await client.post("/v1/models/reload", headers=admin)
             assert r.status_code == 200, r.text
             await asyncio.sleep(0.3)
             r = await client.post("/v1/models/promote", json={"model": "tiny-v1"}, headers=admin)
             assert r.status_code == 200, r.text
-            await asyncio.sleep(0.3)
+            last_swap.append(time.monotonic())
+            await until_answers(seen, len(seen) + 16)
             stop.set()
             await asyncio.gather(*workers)
         return seen
 
     seen = asyncio.run(main())
-    statuses = [s for s, _ in seen]
-    versions = [v for _, v in seen]
-    assert len(seen) > 20
+    statuses = [s for s, _, _ in seen]
     assert statuses.count(200) == len(seen), f"failed during swap: {set(statuses)}"
-    assert "2.0.0" in versions and versions[0] == "1.0.0" and versions[-1] == "1.0.0"
+    assert "2.0.0" in {v for _, v, _ in seen}
+    after = {v for _, v, sent in seen if sent > last_swap[0]}  # sent once tiny-v1 was back
+    assert after == {"1.0.0"}
     assert server.metric("vge_model_load_seconds_count") >= 4
 
 

@@ -58,12 +58,21 @@ class Load:
                 if r.status_code == 200:
                     self.models.add(r.json()["model"])
 
+    def answered(self, n: int, timeout: float = 30) -> None:
+        """Wait until ``n`` answers have come back."""
+        deadline = time.monotonic() + timeout
+        while len(self.codes) < n:
+            assert time.monotonic() < deadline, f"only {len(self.codes)} answers"
+            time.sleep(0.02)
+
     def __enter__(self) -> Load:
         self._thread.start()
+        self.answered(1)  # the model before the swap has answered
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        time.sleep(0.5)  # keep sending a little after the swap
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:  # keep sending after the swap: one answer may have been in flight
+            self.answered(len(self.codes) + 3)
         self._stop.set()
         self._thread.join(30)
 
@@ -111,7 +120,6 @@ def test_review_to_retrain_to_promote_and_roll_back(
 
         # roll back under load: the previous model again, no request fails
         with Load(srv, pngs[0]) as load:
-            time.sleep(0.5)
             rolled = c.post("/v1/models/rollback")
             assert rolled.status_code == 200, rolled.text
         assert rolled.json()["model"]["name"] == "tiny" and _served(srv) == "tiny"
