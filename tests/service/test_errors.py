@@ -214,3 +214,31 @@ def test_a_client_gone_mid_body_is_no_server_error(server: Server) -> None:
         time.sleep(0.1)
     assert all(counts), counts
     assert "ClientDisconnect" not in server.log()
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", "malformed HTTP request"),
+        (b"GET /healthz HTTP/1.1\r\nhost: x\r\nbad header\r\n\r\n", "malformed HTTP request"),
+    ],
+)
+def test_bytes_that_are_not_http_get_a_json_400(server: Server, raw: bytes, reason: str) -> None:
+    """uvicorn answers what it cannot parse itself, before any route; it is still the service's
+    JSON error, naming the parser's reason, and the connection closes."""
+    import json
+    import socket
+
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):  # until the server closes
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode().lower().split("\r\n")
+    assert lines[0].startswith("http/1.1 400 "), answer
+    assert "content-type: application/json" in lines and "connection: close" in lines
+    error = json.loads(body)
+    assert error["code"] == "bad_request" and error["error"].startswith(reason), error
+    assert len(error["error"]) > len(reason) + 2  # the parser's reason follows
