@@ -12,11 +12,9 @@ accepting, finishes the requests it holds (``shutdown_grace_s`` at most) and the
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import socket
-import sys
 import time
 from types import FrameType
 
@@ -25,7 +23,6 @@ import uvicorn
 from service.app import asgi_app, create_app
 from service.deps import ServiceState
 from service.engine_client import EngineClient
-from service.errors import error_body
 from service.settings import Settings
 from service.shm import Arena
 
@@ -44,31 +41,13 @@ HTTP = "httptools" if _has("httptools") else "h11"
 
 
 def http_protocol() -> type[asyncio.Protocol] | str:
-    """The HTTP protocol a front end's uvicorn runs: httptools with the service's JSON answer to
-    bytes that are not HTTP (:class:`JsonErrorHttpTools`), else uvicorn's h11 fallback."""
+    """The HTTP protocol a front end's uvicorn runs: httptools with the service's changes
+    (:mod:`service.http_protocol`: JSON 400 for non-HTTP bytes, lingering close), else h11."""
     if HTTP != "httptools":
         return HTTP
-    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+    from service.http_protocol import FrontendHttpProtocol
 
-    class JsonErrorHttpTools(HttpToolsProtocol):
-        """uvicorn's httptools protocol, except that a request it cannot parse is answered with
-        the service's JSON error (400 ``bad_request``, naming the parser's reason) rather than
-        uvicorn's plain-text "Invalid HTTP request received."."""
-
-        def send_400_response(self, msg: str) -> None:
-            # uvicorn calls this inside its ``except httptools.HttpParserError``: the reason is there
-            reason = sys.exc_info()[1]
-            detail = f"malformed HTTP request: {reason}" if reason else msg
-            body = json.dumps(error_body(detail, "bad_request")).encode()
-            head = [STATUS_LINE[400]]
-            for name, value in self.server_state.default_headers:
-                head += [name, b": ", value, b"\r\n"]
-            head += [b"content-type: application/json\r\ncontent-length: ",
-                     str(len(body)).encode(), b"\r\nconnection: close\r\n\r\n"]  # fmt: skip
-            self.transport.write(b"".join(head) + body)
-            self.transport.close()
-
-    return JsonErrorHttpTools
+    return FrontendHttpProtocol
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:

@@ -242,3 +242,50 @@ def test_bytes_that_are_not_http_get_a_json_400(server: Server, raw: bytes, reas
     error = json.loads(body)
     assert error["code"] == "bad_request" and error["error"].startswith(reason), error
     assert len(error["error"]) > len(reason) + 2  # the parser's reason follows
+
+
+def test_an_over_cap_body_still_uploading_gets_its_413(server: Server) -> None:
+    """The 413 goes out before the body is in (by Content-Length, or once a chunked body passes
+    the cap). httpx's AsyncClient is still writing then; closing with its body unread reset the
+    connection and the client saw ReadError instead of the 413 (service.http_protocol)."""
+    import asyncio
+
+    import httpx
+
+    size = 8 << 20  # 20x the session server's 400 KB cap: far more than the socket buffers hold
+
+    async def chunks():  # noqa: ANN202
+        for _ in range(size // 65536):
+            yield b"\0" * 65536
+
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            headers = {"content-type": "application/json"}
+            return [
+                await c.post("/v1/predict", content=b"\0" * size, headers=headers),
+                await c.post("/v1/predict", content=chunks(), headers=headers),
+            ]
+
+    by_length, chunked = asyncio.run(main())
+    _error(by_length, 413, f"{size} bytes exceeds the limit of 400000")
+    _error(chunked, 413, "exceeds the limit of 400000")
+
+
+def test_after_an_early_413_the_connection_lingers_then_closes(server: Server) -> None:
+    """Answer, then FIN, while the rest of the body is still read and dropped: the client reads
+    the whole 413 and end of stream, and can keep writing without a reset."""
+    import json
+    import socket
+
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: 100000000\r\n\r\n" + b"\0" * 65536)  # fmt: skip
+        answer = b""
+        while chunk := sock.recv(65536):  # the answer, then the server's FIN
+            answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413 ") and b"connection: close" in head.lower()
+        assert json.loads(body)["code"] == "payload_too_large"
+        for _ in range(64):  # 4 MiB more of the body: still read (and dropped), never reset
+            sock.sendall(b"\0" * 65536)
