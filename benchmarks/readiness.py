@@ -19,6 +19,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,32 +41,35 @@ def time_to_not_ready(repo: Path) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
     env.update(VGE_HOST="127.0.0.1", VGE_PORT="0", VGE_DEVICE="cpu", VGE_WORKERS="2",
                VGE_DRAIN_S="1", PYTHONPATH=str(repo))  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli.serve"], cwd=repo, env=env,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        port = 0
-        for line in proc.stderr:
-            if m := re.search(r"listening on http://127\.0\.0\.1:(\d+)", line):
-                port = int(m.group(1))
-                break
-        if not port:
-            raise RuntimeError(f"the server in {repo} exited with {proc.wait()}")
-        deadline = time.monotonic() + 60
-        while _readyz(port) != b"200":
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server never became ready")
-            time.sleep(0.05)
-        time.sleep(0.5)  # settled
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        while _readyz(port) == b"200":
-            pass
-        return time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
+    # its log goes to a file, not a pipe: nothing must stop the server's writes
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli.serve"], cwd=repo, env=env,
+                                stderr=log)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            port = 0
+            while not port:
+                log.seek(0)
+                if m := re.search(rb"listening on http://127\.0\.0\.1:(\d+)\n", log.read()):
+                    port = int(m.group(1))
+                elif proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the server in {repo} did not start ({proc.poll()})")
+                else:
+                    time.sleep(0.05)
+            while _readyz(port) != b"200":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the server never became ready")
+                time.sleep(0.05)
+            time.sleep(0.5)  # settled
+            sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+            while _readyz(port) == b"200":
+                pass
+            return time.monotonic() - sent
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,6 +21,7 @@ closed then.
 
 from __future__ import annotations
 
+import logging
 import selectors
 import socket
 import time
@@ -34,6 +35,8 @@ BUSY = (
     b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
 ) % (len(BUSY_BODY), BUSY_BODY)
 
+log = logging.getLogger("vge.supervisor")
+
 #: A request head longer than this is answered without waiting for its end.
 MAX_HEAD = 64 * 1024
 
@@ -42,7 +45,8 @@ MAX_HEAD = 64 * 1024
 class _Conn:
     sock: socket.socket
     head: bytearray = field(default_factory=bytearray)
-    answered: bool = False
+    replied: bool = False  # the 503 was tried
+    answered: bool = False  # ... and sent
 
 
 def take_queued(listeners: list[socket.socket]) -> list[socket.socket]:
@@ -55,7 +59,10 @@ def take_queued(listeners: list[socket.socket]) -> list[socket.socket]:
                 conn, _ = listener.accept()
             except ConnectionAbortedError:  # reset by its client while queued
                 continue
-            except OSError:  # BlockingIOError: the queue is empty
+            except BlockingIOError:  # the queue is empty
+                break
+            except OSError as exc:  # e.g. EMFILE: what is still queued is reset by the close
+                log.error("cannot accept the connections still queued (%s); they are reset", exc)
                 break
             conn.setblocking(False)
             taken.append(conn)
@@ -64,12 +71,13 @@ def take_queued(listeners: list[socket.socket]) -> list[socket.socket]:
 
 
 def _answer(conn: _Conn) -> None:
-    conn.answered = True
+    conn.replied = True
     try:
         conn.sock.send(BUSY)  # ~300 bytes into an empty send buffer: one call sends it all
         conn.sock.shutdown(socket.SHUT_WR)
     except OSError:  # the client went away; nothing left to answer
-        pass
+        return
+    conn.answered = True
 
 
 def answer_queued(listeners: list[socket.socket], timeout_s: float = 2.0) -> int:
@@ -95,14 +103,14 @@ def answer_queued(listeners: list[socket.socket], timeout_s: float = 2.0) -> int
                     selector.unregister(conn.sock)
                     conn.sock.close()
                     continue
-                if conn.answered:
+                if conn.replied:
                     continue  # the rest of a body nobody will read: discard it
                 conn.head += data
                 if b"\r\n\r\n" in conn.head or len(conn.head) > MAX_HEAD:
                     _answer(conn)
         for key in list(selector.get_map().values()):  # out of time
             conn = key.data
-            if not conn.answered and conn.head:
+            if not conn.replied and conn.head:
                 _answer(conn)
             conn.sock.close()
     return sum(conn.answered for conn in conns)

@@ -109,6 +109,7 @@ def frontend_main(
     signal.set_wakeup_fd(-1)  # the supervisor's handlers and wake-up socket came with the fork
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})  # (start_frontend)
     import torch
 
     torch.set_num_threads(1)  # decoding parallelism comes from processes, not intra-op threads

@@ -12,6 +12,10 @@
    So when uvicorn closes a connection whose request body is still arriving, the connection
    lingers instead (RFC 9112 §9.6). It half-closes (FIN after the answer), reads and drops what
    the client still sends, and closes once the client does, at most :data:`LINGER_S` later.
+
+   A body that completes after a keep-alive answer (a route that answered without reading it)
+   is complete all the same: that connection goes back to uvicorn's keep-alive timeout, which
+   its late bytes had cancelled (:meth:`FrontendHttpProtocol.on_message_complete`).
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ LINGER_S = 5.0
 
 class _Transport:
     """The transport uvicorn is given: the real one, except that :meth:`close` while the request
-    body is still arriving lingers (:meth:`FrontendHttpProtocol.linger`). The calls uvicorn makes
-    per request are bound here directly, so they cost what they cost on the real transport."""
+    body is still arriving lingers (:meth:`FrontendHttpProtocol.linger`), and does nothing once
+    lingering (the linger ends on its own: the client's EOF or the timer). ``write`` and the flow
+    control calls are the real transport's bound methods; ``is_closing`` is one Python call more
+    per response."""
 
     def __init__(self, transport: asyncio.Transport, protocol: FrontendHttpProtocol) -> None:
         self._transport = transport
@@ -46,8 +52,11 @@ class _Transport:
         return self._protocol.lingering or self._transport.is_closing()
 
     def close(self) -> None:
-        if self._protocol.body_pending():
-            self._protocol.linger()
+        protocol = self._protocol
+        if protocol.lingering:
+            return  # e.g. uvicorn's shutdown: cutting the linger short would reset the answer
+        if protocol.body_pending():
+            protocol.linger()
         else:
             self._transport.close()
 
@@ -83,6 +92,22 @@ class FrontendHttpProtocol(HttpToolsProtocol):
             return
         self._linger_timer = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
 
+    def on_message_complete(self) -> None:
+        """A body that completes after its response (a route answered without reading it, and
+        kept the connection) leaves uvicorn with no keep-alive timer (the body's bytes cancelled
+        it) and the request marked as still receiving: re-arm the timer, so the idle connection
+        closes as any other, and clear the mark, so that close does not linger."""
+        cycle = self.cycle
+        late = cycle is not None and cycle.response_complete
+        super().on_message_complete()
+        if cycle is None or not late:
+            return
+        cycle.more_body = False
+        if not (self.pipeline or self.timeout_keep_alive_task or self.transport.is_closing()):
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
     def data_received(self, data: bytes) -> None:
         if self.lingering:
             return  # the rest of a body nobody will read
@@ -93,7 +118,7 @@ class FrontendHttpProtocol(HttpToolsProtocol):
             self._real.close()  # the client is done sending: nothing unread is left
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lingering = True  # gone: uvicorn's close() below closes for real
+        self.lingering = True  # gone: nothing to linger for (uvicorn's close() below is a no-op)
         if self._linger_timer is not None:
             self._linger_timer.cancel()
         super().connection_lost(exc)

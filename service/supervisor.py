@@ -95,7 +95,7 @@ class Supervisor:
         self._spawn = mp.get_context("spawn")
         self._fork = mp.get_context("fork")
         self._metrics: Any = None
-        self._wake_w: socket.socket | None = None  # the signal wake-up socket (run)
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # signal wake-up (run)
 
     # ------------------------------------------------------------------ start
     def bind(self) -> int:
@@ -153,7 +153,13 @@ class Supervisor:
             ),
             name=f"vge-frontend-{index}",
         )
-        proc.start()
+        # Signals wait until the child has dropped the handlers and wake-up socket it inherits
+        # (frontend_main): a SIGTERM in between would run the supervisor's handler in the child.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return proc
 
     def wait_engine_ready(self) -> bool:
@@ -175,10 +181,10 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         # A signal also writes a byte here, which ends the wait below at once: the front ends
         # turn not-ready as soon as the supervisor is signalled, not up to a poll interval later.
-        wake, self._wake_w = socket.socketpair()
-        wake.setblocking(False)
-        self._wake_w.setblocking(False)
-        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        self._wake = socket.socketpair()
+        for end in self._wake:
+            end.setblocking(False)
+        signal.set_wakeup_fd(self._wake[1].fileno(), warn_on_full_buffer=False)
         self.start_engine()
         if not self.wait_engine_ready():
             if self._stopping:
@@ -201,7 +207,9 @@ class Supervisor:
         engine_failures = 0
         while not self._stopping:
             sentinels = [p.sentinel for p in [self.engine, *self.frontends]]
-            wait([*sentinels, wake], timeout=0.2)
+            if self._wake[0] in wait([*sentinels, self._wake[0]], timeout=0.2):
+                with contextlib.suppress(BlockingIOError):
+                    self._wake[0].recv(4096)  # consumed: the flag set by the handler says what
             if self._stopping:
                 break
             for i, proc in enumerate(self.frontends):
@@ -272,9 +280,10 @@ class Supervisor:
                 self.engine.join(5)
 
     def cleanup(self) -> None:
-        if self._wake_w is not None:
+        if self._wake is not None:
             signal.set_wakeup_fd(-1)
-            self._wake_w.close()
+            for end in self._wake:
+                end.close()
         for path in self.arenas:
             with contextlib.suppress(OSError):
                 os.unlink(path)

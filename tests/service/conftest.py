@@ -104,7 +104,9 @@ def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> S
         env["VGE_MODEL_DIR"] = str(model_dir)
     env.update({f"VGE_{k.upper()}": str(v) for k, v in settings.items()})
     workdir.mkdir(parents=True, exist_ok=True)
-    log_path = Path(tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)[1])
+    fd, name = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
+    os.close(fd)
+    log_path = Path(name)
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli.serve"],
         cwd=REPO,
@@ -117,7 +119,7 @@ def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
-        if not server.url and (m := re.search(r"listening on (http://\S+)", server.log())):
+        if not server.url and (m := re.search(r"listening on (http://\S+)\n", server.log())):
             server.url = m.group(1)
         try:
             if server.url and httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
