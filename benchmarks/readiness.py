@@ -3,27 +3,23 @@
     python -m benchmarks.readiness [--repo PATH] [--starts 5]
 
 Starts the server in ``--repo`` (default: this checkout; a ``git worktree`` of another revision
-compares builds) on a kernel-picked port with two front ends, waits until ``/readyz`` is 200,
-sends SIGTERM and asks ``/readyz`` back to back (a new connection each time) until the answer is
-not 200. Prints the milliseconds for each start and their median. A load balancer that probes
+compares builds) as the serving benchmark starts it (:func:`benchmarks.serving.targets`), with two
+front ends and a 1 s drain, waits until ``/readyz`` is 200, sends SIGTERM and asks ``/readyz``
+back to back (a new connection each time) until the answer is not 200. Prints the milliseconds for each start and their median. A load balancer that probes
 ``/readyz`` keeps sending new work for this long.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import signal
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.serving import REPO, targets
 
 
 def _readyz(port: int) -> bytes:
@@ -38,38 +34,20 @@ def _readyz(port: int) -> bytes:
 
 def time_to_not_ready(repo: Path) -> float:
     """Seconds from SIGTERM to the first ``/readyz`` answer that is not 200, for one start."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
-    env.update(VGE_HOST="127.0.0.1", VGE_PORT="0", VGE_DEVICE="cpu", VGE_WORKERS="2",
-               VGE_DRAIN_S="1", PYTHONPATH=str(repo))  # fmt: skip
-    # its log goes to a file, not a pipe: nothing must stop the server's writes
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli.serve"], cwd=repo, env=env,
-                                stderr=log)  # fmt: skip
+    with tempfile.TemporaryDirectory() as workdir:
+        (target,) = targets(["vge@WORKERS=2,DRAIN_S=1"], None, Path(workdir))
+        target.cwd = repo  # as benchmarks.ab serves another build
+        target.start()  # returns once /readyz is 200
         try:
-            deadline = time.monotonic() + 60
-            port = 0
-            while not port:
-                log.seek(0)
-                if m := re.search(rb"listening on http://127\.0\.0\.1:(\d+)\n", log.read()):
-                    port = int(m.group(1))
-                elif proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the server in {repo} did not start ({proc.poll()})")
-                else:
-                    time.sleep(0.05)
-            while _readyz(port) != b"200":
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the server never became ready")
-                time.sleep(0.05)
             time.sleep(0.5)  # settled
+            assert target.proc is not None
             sent = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            while _readyz(port) == b"200":
+            target.proc.send_signal(signal.SIGTERM)
+            while _readyz(target.port) == b"200":
                 pass
             return time.monotonic() - sent
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            target.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

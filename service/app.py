@@ -118,7 +118,7 @@ def asgi_app(app: FastAPI) -> ASGIApp:
     """What a front end's uvicorn runs: ``app`` behind its one middleware and the scoring routes'
     fast lane (service/routes/direct.py)."""
     dispatch = DirectDispatch(app)
-    table = resource_table(app)
+    table = resource_table(app)  # the one the 405s' Allow header reads too
     return ServingMiddleware(
         dispatch,
         app.state.service,

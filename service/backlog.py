@@ -27,13 +27,12 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-BUSY_BODY = (
-    b'{"error": "the server is shutting down; retry on another replica", "code": "not_ready"}'
-)
-BUSY = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
-) % (len(BUSY_BODY), BUSY_BODY)
+from service.errors import NotReady, raw_error_response
+
+BUSY = raw_error_response(
+    503, "the server is shutting down; retry on another replica", NotReady.code,
+    [(b"retry-after", b"1")],
+)  # fmt: skip
 
 log = logging.getLogger("vge.supervisor")
 
@@ -45,8 +44,7 @@ MAX_HEAD = 64 * 1024
 class _Conn:
     sock: socket.socket
     head: bytearray = field(default_factory=bytearray)
-    replied: bool = False  # the 503 was tried
-    answered: bool = False  # ... and sent
+    replied: bool = False  # the 503 was tried (sent, or the client was gone)
 
 
 def take_queued(listeners: list[socket.socket]) -> list[socket.socket]:
@@ -70,14 +68,15 @@ def take_queued(listeners: list[socket.socket]) -> list[socket.socket]:
     return taken
 
 
-def _answer(conn: _Conn) -> None:
+def _answer(conn: _Conn) -> bool:
+    """Send the 503 and half-close; whether it was sent (False: the client went away)."""
     conn.replied = True
     try:
         conn.sock.send(BUSY)  # ~300 bytes into an empty send buffer: one call sends it all
         conn.sock.shutdown(socket.SHUT_WR)
-    except OSError:  # the client went away; nothing left to answer
-        return
-    conn.answered = True
+    except OSError:
+        return False
+    return True
 
 
 def answer_queued(listeners: list[socket.socket], timeout_s: float = 2.0) -> int:
@@ -86,6 +85,7 @@ def answer_queued(listeners: list[socket.socket], timeout_s: float = 2.0) -> int
     See the module docstring for the protocol and why each step is there.
     """
     conns = [_Conn(sock) for sock in take_queued(listeners)]
+    answered = 0
     deadline = time.monotonic() + timeout_s
     with selectors.DefaultSelector() as selector:
         for conn in conns:
@@ -107,10 +107,10 @@ def answer_queued(listeners: list[socket.socket], timeout_s: float = 2.0) -> int
                     continue  # the rest of a body nobody will read: discard it
                 conn.head += data
                 if b"\r\n\r\n" in conn.head or len(conn.head) > MAX_HEAD:
-                    _answer(conn)
+                    answered += _answer(conn)
         for key in list(selector.get_map().values()):  # out of time
             conn = key.data
             if not conn.replied and conn.head:
-                _answer(conn)
+                answered += _answer(conn)
             conn.sock.close()
-    return sum(conn.answered for conn in conns)
+    return answered

@@ -7,8 +7,11 @@ count rejections by reason. Only a genuine server fault is a 500.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from collections.abc import Iterable
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -118,6 +121,20 @@ def error_body(message: str, code: str, **extra: Any) -> dict[str, Any]:
     return {"error": message, "code": code, **extra}
 
 
+def raw_error_response(
+    status: int, message: str, code: str, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> bytes:
+    """A whole HTTP/1.1 response carrying :func:`error_body`, with ``Connection: close``, as the
+    bytes to write to a socket: for answers no ASGI app sends (the supervisor's 503 to connections
+    left queued at shutdown, the front ends' 400 to bytes that are not HTTP)."""
+    body = json.dumps(error_body(message, code)).encode()
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
+    lines += [name + b": " + value for name, value in headers]
+    lines += [b"content-type: application/json", b"content-length: %d" % len(body),
+              b"connection: close"]  # fmt: skip
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
 def _count(request: Request, reason: str | None) -> None:
     metrics = getattr(request.app.state, "metrics", None)
     if reason and metrics is not None:
@@ -145,8 +162,12 @@ def resource_table(app: FastAPI) -> list[Resource]:
     """What the app documents, as :data:`Resource` rows: its OpenAPI path items (exactly the
     methods of FastAPI's routes, which serve no HEAD), plus the app's own top-level routes
     (Starlette's, which add HEAD to GET). FastAPI includes routers lazily (``app.routes`` holds the
-    routers, not their routes, since 0.16x), so this, not the router, is where the paths are."""
-    table: list[Resource] = []
+    routers, not their routes, since 0.16x), so this, not the router, is where the paths are.
+    Built once per app (kept on ``app.state``)."""
+    table: list[Resource] | None = getattr(app.state, "resource_table", None)
+    if table is not None:
+        return table
+    table = app.state.resource_table = []
     for template, item in app.openapi()["paths"].items():
         methods = {op.upper() for op in item if op in _OPERATIONS}
         table.append((compile_path(template)[0], template.count("{"), template, methods))
@@ -179,13 +200,9 @@ def _allowed_methods(request: Request, fallback: str) -> str:
     ``/v1/reviews/{id}``, not the POST that is a separate route). Where several templates match,
     the most concrete one names the resource (``OPTIONS /v1/models/promote`` is a 405 of the
     promote resource, ``POST``, although a GET there is routed to ``/v1/models/{name}``). A path
-    documented nowhere (``/metrics``) keeps ``fallback``, the router's own ``Allow``. Built once
-    per app, at its first 405.
+    documented nowhere (``/metrics``) keeps ``fallback``, the router's own ``Allow``.
     """
-    table: list[Resource] | None = getattr(request.app.state, "allow_table", None)
-    if table is None:
-        table = request.app.state.allow_table = resource_table(request.app)
-    matches = _matching(table, request.url.path)
+    matches = _matching(resource_table(request.app), request.url.path)
     if not matches:
         return fallback
     fewest = matches[0][1]

@@ -21,13 +21,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.errors import error_body
+from service.errors import raw_error_response
 
 #: The longest a connection lingers after its answer (the client is sending a body nobody reads).
 LINGER_S = 5.0
@@ -127,11 +126,7 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         # uvicorn calls this inside its ``except httptools.HttpParserError``: the reason is there
         reason = sys.exc_info()[1]
         detail = f"malformed HTTP request: {reason}" if reason else msg
-        body = json.dumps(error_body(detail, "bad_request")).encode()
-        head = [STATUS_LINE[400]]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head += [b"content-type: application/json\r\ncontent-length: ",
-                 str(len(body)).encode(), b"\r\nconnection: close\r\n\r\n"]  # fmt: skip
-        self._real.write(b"".join(head) + body)
+        self._real.write(
+            raw_error_response(400, detail, "bad_request", self.server_state.default_headers)
+        )
         self._real.close()
