@@ -7,8 +7,15 @@ from torch import Tensor
 
 from models.uncertainty.validation import EPS
 
-#: Lower bound on the gate sensitivity k (SI "Numerical Stability").
+#: Lower bound on the gate sensitivity k (SI "Numerical Stability"); smaller k is clamped to it.
 K_MIN = 1e-3
+
+#: Largest gate sensitivity k a caller may ask for. Γ is floored at ε (SI "Numerical Stability"),
+#: and once ``p̄ / (k s) < ε`` for every class the floor makes all Γ equal and the gate vanishes:
+#: the scores snap back to the ungated ones instead of approaching their k → ∞ limit. The top
+#: class has ``p̄1 ≥ 1/C`` and ``s1 ≤ 1/√2 + ε``, so below this bound that cannot happen for any
+#: ``C < 14,000``; useful k are O(1) (the paper's examples use 1 and 2).
+GATE_K_MAX = 1e4
 
 
 def as_gate_k(k: float | Tensor, num_classes: int, like: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from models.uncertainty.decomposition import Decomposition, entropy_decomposition
 from models.uncertainty.divergences import epce, epjs, epkl, mutual_information
+from models.uncertainty.gate import GATE_K_MAX, K_MIN
 from models.uncertainty.margin import MarginScore, margin_score
 from models.uncertainty.validation import check_probs
 from models.uncertainty.vgn import vgn
@@ -152,8 +153,8 @@ def score_ensemble(
     members). ``vgmu_on="q"`` needs ``gate_k``. Needs ``M >= 2``.
     """
     p = check_probs(probs, min_members=2)
-    if gate_k is not None and (not gate_k == gate_k or gate_k <= 0):
-        raise ValueError(f"gate_k must be > 0; got {gate_k}")
+    if gate_k is not None and not K_MIN <= gate_k <= GATE_K_MAX:  # NaN fails too
+        raise ValueError(f"gate_k must be in [{K_MIN:g}, {GATE_K_MAX:g}]; got {gate_k}")
     if vgmu_on == "q" and gate_k is None:
         raise ValueError("vgmu_on='q' needs gated members: pass gate_k")
     with torch.no_grad():

@@ -24,7 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("input", type=Path, help=".npy file, or .npz with key 'probs'")
     p.add_argument(
-        "--gate-k", type=float, default=None, help="gate the members with VGN at fixed k (> 0)"
+        "--gate-k",
+        type=float,
+        default=None,
+        help="gate the members with VGN at fixed k, in [0.001, 10000]",
     )
     p.add_argument(
         "--abstain-k", type=float, default=1.0, help="deferral threshold (>= 0, default 1.0)"

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.uncertainty.gate import GATE_K_MAX, K_MIN
 from service.settings import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 AbstainK = Annotated[
@@ -114,7 +115,17 @@ class ScoreRequest(BaseModel):
         list[Annotated[list[Annotated[list[float], Field(min_length=2)]], Field(min_length=2)]],
         Field(min_length=1, description="B×M×C member probabilities (B >= 1, M >= 2, C >= 2)."),
     ]
-    gate_k: Annotated[float, Field(gt=0.0, le=ABSTAIN_K_MAX)] | None = None
+    gate_k: (
+        Annotated[
+            float,
+            Field(
+                ge=K_MIN,
+                le=GATE_K_MAX,
+                description="Gate the members with VGN at this fixed k (paper Section 3.1).",
+            ),
+        ]
+        | None
+    ) = None
     abstain_k: AbstainK = 1.0
     vgmu_on: VgmuOn | None = Field(
         None, description="q (the gated members; default with gate_k) or p (the raw members)."

@@ -76,7 +76,9 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5], [0.5, 0.5]]], "vgmu_on": "q"}),
                422, "gate_k")  # fmt: skip
         _error(c.post("/v1/score", json={"probs": [[[0.6, 0.4], [0.7, 0.3]]], "gate_k": 0}),
-               422, "gate_k: Input should be greater than 0")  # fmt: skip
+               422, "gate_k: Input should be greater than or equal to 0.001")  # fmt: skip
+        _error(c.post("/v1/score", json={"probs": [[[0.6, 0.4], [0.7, 0.3]]], "gate_k": 1e5}),
+               422, "gate_k: Input should be less than or equal to 10000")  # fmt: skip
         deep = b"[" * 100_000 + b"]" * 100_000  # used to be a 500 (RecursionError)
         for path in ("/v1/predict", "/v1/score", "/v2/models/tiny/infer"):
             r = c.post(path, content=deep, headers={"content-type": "application/json"})

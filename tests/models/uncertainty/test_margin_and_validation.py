@@ -63,6 +63,26 @@ def test_vgmu_on_q_needs_gate() -> None:
         score_ensemble(torch.full((1, 2, 2), 0.5), vgmu_on="q")
 
 
+@pytest.mark.parametrize("gate_k", [1e-4, 2e4, float("nan"), float("inf")])
+def test_gate_k_outside_its_range_rejected(gate_k: float) -> None:
+    with pytest.raises(ValueError, match=r"gate_k must be in \[0.001, 10000\]"):
+        score_ensemble(torch.full((1, 2, 2), 0.5), gate_k=gate_k)
+
+
+def test_gating_grows_with_k_up_to_the_largest_k_accepted() -> None:
+    """EU falls as k grows over the whole accepted range (SI: uncertainty reduces progressively
+    with increasing k). Past it, Γ's ε floor would take every class and the scores would snap back
+    to the ungated ones (at k = 1e9 EU is the ungated 0.0704 again)."""
+    from models.uncertainty.gate import GATE_K_MAX
+
+    p = torch.tensor([[[0.9, 0.1, 0.0], [0.6, 0.3, 0.1], [0.6, 0.2, 0.2]]], dtype=torch.float64)
+    ungated = float(score_ensemble(p).eu[0])
+    ks = [1.0, 2.0, 10.0, 100.0, 1e3, GATE_K_MAX]
+    eus = [float(score_ensemble(p, gate_k=k).eu[0]) for k in ks]
+    assert all(b <= a + 1e-12 for a, b in zip(eus, eus[1:], strict=False)), eus
+    assert eus[-1] < ungated - 0.03, (eus, ungated)
+
+
 def test_decision_scores_match_score_members() -> None:
     """The serving hot path returns exactly what the full scorer returns for the same fields."""
     from models.uncertainty import decision_scores, score_members, vgn

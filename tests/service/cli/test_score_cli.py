@@ -68,7 +68,16 @@ def test_npz_and_vgmu_on_q_match_the_library(tmp_path: Path) -> None:
         (lambda p: p.write_text("not numpy"), [], "not a readable"),
         (lambda p: np.save(p, np.ones((2, 3))), [], "shape (B, M, C)"),
         (lambda p: np.save(p, np.full((1, 2, 2), 0.3)), [], "sum to 1"),
-        (lambda p: np.save(p, np.full((1, 2, 2), 0.5)), ["--gate-k", "0"], "gate_k must be > 0"),
+        (
+            lambda p: np.save(p, np.full((1, 2, 2), 0.5)),
+            ["--gate-k", "0"],
+            "gate_k must be in [0.001, 10000]",
+        ),
+        (
+            lambda p: np.save(p, np.full((1, 2, 2), 0.5)),
+            ["--gate-k", "1e5"],
+            "gate_k must be in [0.001, 10000]",
+        ),
         (
             lambda p: np.save(p, np.full((1, 2, 2), 0.5)),
             ["--abstain-k", "x"],
