@@ -15,6 +15,7 @@ import binascii
 import re
 import struct
 from concurrent.futures import Executor
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,14 +26,76 @@ from service.errors import BadInput, PayloadTooLarge
 from service.settings import Settings
 
 
-def _header_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) read from a PNG, GIF or JPEG header without decoding, else None."""
+class ImageHeader(NamedTuple):
+    """What an image's header says it decodes to, read without decoding it."""
+
+    format: str  # "png" | "gif" | "jpeg" | "webp"
+    width: int
+    height: int
+    frames: int = 1  # GIF: every frame is decoded, each to the full canvas
+    components: int = 0  # JPEG: colour components (4: CMYK/YCCK); 0 where not read
+
+    @property
+    def pixels(self) -> int:
+        """Pixels the decoder will write: ``frames × width × height``."""
+        return self.frames * self.width * self.height
+
+
+def _gif_frames(data: bytes) -> int | None:
+    """Image descriptors in a GIF (each decodes to a whole canvas), walking its blocks
+    (GIF89a spec §§ 17–27); None when a block is not one a GIF may hold (the decoder would fail
+    too). A file cut short counts the frames it holds."""
+
+    def skip_sub_blocks(i: int) -> int:
+        while i < len(data) and data[i]:
+            i += data[i] + 1
+        return i + 1
+
+    i, frames = 13, 0
+    if data[10] & 0x80:  # global colour table
+        i += 3 << ((data[10] & 7) + 1)
+    while i < len(data):
+        block = data[i]
+        if block == 0x3B:  # trailer
+            break
+        if block == 0x21:  # extension: label, then sub-blocks
+            i = skip_sub_blocks(i + 2)
+        elif block == 0x2C:  # image descriptor: 9 bytes, a local colour table, LZW size, data
+            if i + 10 > len(data):
+                break
+            frames += 1
+            packed = data[i + 9]
+            i += 10 + ((3 << ((packed & 7) + 1)) if packed & 0x80 else 0)
+            i = skip_sub_blocks(i + 1)
+        else:
+            return None
+    return max(frames, 1)
+
+
+def read_header(data: bytes) -> ImageHeader | None:
+    """The format, size and (GIF) frame count of a PNG, GIF, JPEG or WebP, the formats
+    :func:`torchvision.io.decode_image` decodes, from their headers; None for anything else, or a
+    header too short or malformed to say (the decoder refuses those)."""
     if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
         w, h = struct.unpack(">II", data[16:24])
-        return w, h
-    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        return ImageHeader("png", w, h)
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 13:
         w, h = struct.unpack("<HH", data[6:10])
-        return w, h
+        frames = _gif_frames(data)
+        return None if frames is None else ImageHeader("gif", w, h, frames)
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
+        chunk = data[12:16]
+        if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":  # lossy: key frame header
+            w, h = struct.unpack("<HH", data[26:30])
+            return ImageHeader("webp", w & 0x3FFF, h & 0x3FFF)
+        if chunk == b"VP8L" and data[20] == 0x2F:  # lossless: 14-bit width-1, height-1
+            (bits,) = struct.unpack("<I", data[21:25])
+            return ImageHeader("webp", (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1)
+        if chunk == b"VP8X":  # extended: 24-bit canvas width-1, height-1
+            w = int.from_bytes(data[24:27], "little") + 1
+            h = int.from_bytes(data[27:30], "little") + 1
+            return ImageHeader("webp", w, h)
+        return None
     if data[:2] == b"\xff\xd8":
         i = 2
         while i + 9 < len(data):
@@ -40,19 +103,24 @@ def _header_size(data: bytes) -> tuple[int, int] | None:
                 i += 1
                 continue
             marker = data[i + 1]
-            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # start of frame
                 h, w = struct.unpack(">HH", data[i + 5 : i + 9])
-                return w, h
-            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-                i += 2
+                return ImageHeader("jpeg", w, h, components=data[i + 9])
+            if marker in (0xD8, 0x01, 0xFF) or 0xD0 <= marker <= 0xD7:
+                i += 1 if marker == 0xFF else 2  # fill byte, or a marker without a length
                 continue
             (seg_len,) = struct.unpack(">H", data[i + 2 : i + 4])
             i += 2 + seg_len
     return None
 
 
-def check_image_bytes(data: bytes, index: int, settings: Settings) -> None:
-    """Size caps on one encoded image (raises 413 / 400)."""
+def check_image_bytes(data: bytes, index: int, settings: Settings) -> ImageHeader | None:
+    """Size caps on one encoded image, before decoding it (raises 413 / 400).
+
+    The pixel cap applies to what the decoder would write: every frame of a GIF is decoded to
+    the whole canvas, so a 4 KB GIF of 200 one-pixel frames on a 1000×1000 canvas decodes to
+    600 MB, and a 10 KB lossless WebP can claim 16383×16383. Returns the header read.
+    """
     if not data:
         raise BadInput(f"image {index} is empty")
     if len(data) > settings.max_image_bytes:
@@ -60,12 +128,14 @@ def check_image_bytes(data: bytes, index: int, settings: Settings) -> None:
             f"image {index} is {len(data)} bytes, over the limit of {settings.max_image_bytes} "
             "bytes (VGE_MAX_IMAGE_BYTES)"
         )
-    size = _header_size(data)
-    if size is not None and size[0] * size[1] > settings.max_image_pixels:
+    header = read_header(data)
+    if header is not None and header.pixels > settings.max_image_pixels:
+        frames = f" in {header.frames} frames" if header.frames > 1 else ""
         raise PayloadTooLarge(
-            f"image {index} is {size[0]}x{size[1]} pixels, over the limit of "
-            f"{settings.max_image_pixels} pixels (VGE_MAX_IMAGE_PIXELS)"
+            f"image {index} is {header.width}x{header.height} pixels{frames}, over the limit of "
+            f"{settings.max_image_pixels} decoded pixels (VGE_MAX_IMAGE_PIXELS)"
         )
+    return header
 
 
 def _clean(exc: Exception) -> str:
@@ -76,24 +146,33 @@ def _clean(exc: Exception) -> str:
     return re.sub(r"\s*For avif and heic.*$", "", text)[:200]
 
 
+def read_mode(header: ImageHeader | None) -> ImageReadMode:
+    """UNCHANGED (gray stays gray, alpha is dropped later), except for CMYK/YCCK JPEGs: those
+    decode UNCHANGED to four inverted ink channels, which would be read as RGBA (a digit came out
+    all white); the decoder's own conversion to RGB is the picture."""
+    if header is not None and header.format == "jpeg" and header.components == 4:
+        return ImageReadMode.RGB
+    return ImageReadMode.UNCHANGED
+
+
 def decode_one(data: bytes, index: int, settings: Settings) -> torch.Tensor:
     """Decode one encoded image to a uint8 (C, H, W) tensor, or raise a 4xx naming the problem."""
-    check_image_bytes(data, index, settings)
+    header = check_image_bytes(data, index, settings)
     try:
         img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                           mode=ImageReadMode.UNCHANGED)  # fmt: skip
+                           mode=read_mode(header))  # fmt: skip
     except (RuntimeError, ValueError) as exc:
         raise BadInput(
             f"image {index} could not be decoded (not an image, or corrupt/truncated): "
             f"{_clean(exc)}"
         ) from None
-    if img.ndim == 4:  # animated GIF: first frame
-        img = img[0]
-    if img.shape[-1] * img.shape[-2] > settings.max_image_pixels:
+    if img.numel() // img.shape[-3] > settings.max_image_pixels:  # a header that under-stated
         raise PayloadTooLarge(
             f"image {index} is {img.shape[-1]}x{img.shape[-2]} pixels, over the limit of "
-            f"{settings.max_image_pixels} pixels (VGE_MAX_IMAGE_PIXELS)"
+            f"{settings.max_image_pixels} decoded pixels (VGE_MAX_IMAGE_PIXELS)"
         )
+    if img.ndim == 4:  # animated GIF: first frame
+        img = img[0]
     if img.dtype != torch.uint8:  # 16-bit PNG
         from torchvision.transforms.v2.functional import to_dtype
 
@@ -115,7 +194,14 @@ def _decode_into(
     data: bytes, index: int, out: np.ndarray, channels: int, size: tuple[int, int],
     settings: Settings,
 ) -> None:  # fmt: skip
-    np.copyto(out, conform_one(decode_one(data, index, settings), index, channels, size).numpy())
+    try:
+        np.copyto(
+            out, conform_one(decode_one(data, index, settings), index, channels, size).numpy()
+        )
+    except Exception as exc:
+        # Without its traceback: that would keep decode_one's frame, and the decoded image in
+        # it, alive for as long as the request's other images take to decode.
+        raise exc.with_traceback(None) from None
 
 
 #: Payloads up to this many bytes are decoded on the event loop: a thread hop costs more than
@@ -207,7 +293,7 @@ def to_png(data: bytes) -> bytes:
     from torchvision.io import encode_png
 
     img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                       mode=ImageReadMode.UNCHANGED)  # fmt: skip
+                       mode=read_mode(read_header(data)))  # fmt: skip
     if img.ndim == 4:
         img = img[0]
     if img.dtype != torch.uint8:

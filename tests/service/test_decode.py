@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
-from torchvision.io import encode_png
+from torchvision.io import decode_image, encode_png
 
 from service.decode import INLINE_DECODE_BYTES, conform_one, decode_into, decode_one
 from service.errors import BadInput
@@ -63,3 +63,109 @@ def test_an_unsupported_format_names_the_formats_a_client_can_send() -> None:
         decode_one(buf.getvalue(), 0, Settings())
     assert "jpeg, png, webp and gif" in str(err.value)
     assert "decode_avif" not in str(err.value)
+
+
+def _pil_bytes(img, fmt: str, **kw) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("mode", "kw", "chunk"),
+    [("RGB", {}, b"VP8 "), ("L", {"lossless": True}, b"VP8L"), ("RGBA", {}, b"VP8X")],
+)
+def test_webp_size_is_read_from_each_kind_of_header(mode: str, kw: dict, chunk: bytes) -> None:
+    """A WebP's size comes from its header, as PNG's, GIF's and JPEG's do: a 10 KB lossless WebP
+    can claim 16383×16383 (805 MB decoded), and 64 of them in one request killed a front end."""
+    from PIL import Image
+
+    from service.decode import check_image_bytes, read_header
+    from service.errors import PayloadTooLarge
+
+    data = _pil_bytes(Image.new(mode, (300, 200)), "WEBP", **kw)
+    assert data[12:16] == chunk
+    assert read_header(data) == ("webp", 300, 200, 1, 0)
+    with pytest.raises(PayloadTooLarge, match="300x200 pixels, over the limit of 59999"):
+        check_image_bytes(data, 0, Settings(max_image_pixels=59_999))
+    assert check_image_bytes(data, 0, Settings(max_image_pixels=60_000)) is not None
+
+
+def test_a_gif_is_sized_by_every_frame_it_decodes() -> None:
+    """Every frame of a GIF decodes to the whole canvas: 1000 one-pixel frames on a 4096×4096
+    canvas are a 23 KB file and 50 GB decoded. The header walk counts the frames the decoder
+    writes."""
+    from PIL import Image
+
+    from service.decode import check_image_bytes, read_header
+    from service.errors import PayloadTooLarge
+
+    frames = [Image.new("L", (40, 30), c) for c in (0, 60, 120, 180, 240)]
+    data = _pil_bytes(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
+    decoded = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    assert read_header(data) == ("gif", 40, 30, decoded.shape[0], 0) and decoded.shape[0] == 5
+    with pytest.raises(PayloadTooLarge, match="40x30 pixels in 5 frames"):
+        check_image_bytes(data, 0, Settings(max_image_pixels=5 * 1200 - 1))
+    img = decode_one(data, 0, Settings(max_image_pixels=5 * 1200))  # the first frame is served
+    assert img.shape == (3, 30, 40) and int(img.max()) == 0
+
+    # Hand-built: frames of one pixel each on a big canvas (what a GIF bomb looks like).
+    import struct
+
+    bomb = bytearray(b"GIF89a" + struct.pack("<HH", 1000, 1000) + b"\x80\x00\x00" + bytes(6))
+    for i in range(200):
+        bomb += b"\x21\xf9\x04\x00\x00\x00\x00\x00"  # graphic control extension
+        bomb += b"\x2c" + struct.pack("<HHHH", i, 0, 1, 1) + b"\x00\x02\x02\x44\x01\x00"
+    bomb += b"\x3b"
+    assert read_header(bytes(bomb)) == ("gif", 1000, 1000, 200, 0)
+    with pytest.raises(PayloadTooLarge, match="in 200 frames"):
+        decode_one(bytes(bomb), 0, Settings())
+
+
+def test_a_cmyk_jpeg_decodes_to_its_picture_not_its_inks() -> None:
+    """A CMYK JPEG decoded UNCHANGED gives four inverted ink channels, which were read as RGBA:
+    the digit came out a blank white image. It is decoded to RGB instead."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from service.decode import read_header
+
+    digit = Image.open(Path(__file__).parents[2] / "examples" / "digit-7.png").convert("L")
+    cmyk = _pil_bytes(digit.convert("CMYK"), "JPEG", quality=95)
+    rgb = _pil_bytes(digit.convert("RGB"), "JPEG", quality=95)
+    assert read_header(cmyk).components == 4 and read_header(rgb).components == 3
+    got = conform_one(decode_one(cmyk, 0, Settings()), 0, 1, (28, 28)).float()
+    want = conform_one(decode_one(rgb, 0, Settings()), 0, 1, (28, 28)).float()
+    assert (got - want).abs().mean() < 2.0, (got - want).abs().mean()
+    assert float(got.mean()) < 100  # a dark digit on black, not all white
+    from service.decode import to_png  # what a review export writes for it
+
+    exported = decode_image(torch.frombuffer(bytearray(to_png(cmyk)), dtype=torch.uint8))
+    assert exported.shape[0] == 3 and float(exported.float().mean()) < 100
+
+
+def test_a_failed_decode_does_not_keep_its_image_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The error raised for an image carries no traceback into the decoder's frame, where the
+    decoded tensor lived: a request's failed images must not hold their memory while the others
+    decode (with the traceback kept, 64 decompression bombs held 64 decoded images at once)."""
+    import gc
+    import weakref
+
+    import service.decode as decode
+
+    refs: list[weakref.ref] = []
+
+    def refuse_after_decoding(img, index, channels, size):
+        refs.append(weakref.ref(img))
+        raise BadInput("refused after decoding")
+
+    monkeypatch.setattr(decode, "conform_one", refuse_after_decoding)
+    with pytest.raises(BadInput) as err:
+        decode._decode_into(_noise_png(7), 0, np.zeros((1, 28, 28), np.uint8), 1, (28, 28),
+                            Settings())  # fmt: skip
+    gc.collect()
+    assert refs and refs[0]() is None, "the decoded image is still referenced"
+    assert err.value.__traceback__ is not None  # only _decode_into's own frame
