@@ -13,6 +13,7 @@ import torch
 from models.serving import ScoreColumns, ScoreOptions
 from service.decode import decode_into
 from service.deps import ServiceState
+from service.errors import InvalidValue
 from service.model_manager import ModelInfo
 
 
@@ -58,11 +59,24 @@ async def predict_tensor(
     options: ScoreOptions,
     timeout_s: float | None,
 ) -> ScoreColumns:
-    """Score a ready tensor ``(n, Cin, H, W)``: uint8 conformed pixels or float32 model input."""
+    """Score a ready tensor ``(n, Cin, H, W)``: uint8 conformed pixels or float32 model input.
+
+    Float32 input is the model's own, unchecked beyond being finite: values far outside the
+    normalised range it was trained on can overflow the forward pass, and an answer of NaN
+    scores is refused (422) rather than sent (JSON has no NaN).
+    """
     a = x.numpy()
     region = state.engine.allocate(str(a.dtype), a.shape)
     np.copyto(region.array, a)
-    return await _score(state, model, region, options, timeout_s)
+    columns = await _score(state, model, region, options, timeout_s)
+    if a.dtype == np.float32 and not np.isfinite(columns.data).all():
+        bad = int(np.flatnonzero(~np.isfinite(columns.data).all(axis=1))[0])
+        raise InvalidValue(
+            f"FP32 input {bad}: the model's outputs are not finite; its values (from "
+            f"{float(a[bad].min()):.3g} to {float(a[bad].max()):.3g}) overflow the forward "
+            "pass. FP32 input is the normalised image; send raw pixels as UINT8 instead"
+        )
+    return columns
 
 
 async def _score(

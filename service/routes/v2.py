@@ -162,7 +162,7 @@ async def _parse_body(request: Request) -> tuple[dict[str, Any], bytes]:
 def check_input_spec(name: Any, dtype: Any, shape: Any, max_images: int) -> int:
     """The one input tensor's name, datatype and shape, checked for HTTP and gRPC alike; returns
     its element count."""
-    if dtype not in _DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise BadInput(f"input datatype {dtype!r} is not supported; use UINT8 or FP32")
     if name != INPUT_NAMES[dtype]:  # required by the protocol; the name says what the data is
         raise BadInput(
@@ -191,7 +191,7 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     spec = inputs[0]
     dtype, shape = spec.get("datatype"), spec.get("shape")
     count = check_input_spec(spec.get("name"), dtype, shape, max_images)
-    size = (spec.get("parameters") or {}).get("binary_data_size")
+    size = _object(spec.get("parameters"), "input parameters").get("binary_data_size")
     if size is not None:
         if not _is_number(size) or size != count * _DTYPES[dtype].itemsize:
             raise BadInput(f"binary_data_size {size!r} does not match shape {shape} of {dtype}")
@@ -230,6 +230,24 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     return arr
 
 
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """``value`` when it is a JSON object, ``{}`` when absent, else a 400 naming ``what``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadInput(f"{what} must be an object; got {type(value).__name__}")
+    return value
+
+
+def _flag(params: dict[str, Any], key: str, what: str) -> bool | None:
+    """A boolean parameter (JSON ``true``/``false``), None when absent, else a 400: the string
+    ``"false"`` must not switch a flag on."""
+    value = params.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise BadInput(f"{what} {key} must be true or false; got {value!r}")
+    return value
+
+
 def _is_number(value: Any) -> bool:
     """A JSON number; ``true``/``false`` are not numbers here, though Python's bools are ints."""
     return isinstance(value, int | float) and not isinstance(value, bool)
@@ -245,10 +263,7 @@ def _flat(data: Any) -> Any:
 
 
 def _parameters(body: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
-    params = body.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise BadInput("parameters must be an object")
-    return check_parameters(params)
+    return check_parameters(_object(body.get("parameters"), "parameters"))
 
 
 def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
@@ -316,12 +331,14 @@ def _outputs(columns: ScoreColumns, n_classes: int) -> dict[str, np.ndarray]:
 
 def _binary_wanted(body: dict[str, Any], wanted: list[dict[str, Any]] | None) -> dict[str, bool]:
     """Per output: send it with the binary tensor extension (request- or output-level flag)."""
-    default = bool((body.get("parameters") or {}).get("binary_data_output", False))
+    params = _object(body.get("parameters"), "parameters")
+    default = bool(_flag(params, "binary_data_output", "parameters"))
     flags = {name: default for name in OUTPUTS}
     for o in wanted or []:
-        params = o.get("parameters") or {}
-        if "binary_data" in params:
-            flags[o["name"]] = bool(params["binary_data"])
+        flag = _flag(_object(o.get("parameters"), f"output {o['name']!r} parameters"),
+                     "binary_data", f"output {o['name']!r} parameter")  # fmt: skip
+        if flag is not None:
+            flags[o["name"]] = flag
     return flags
 
 
@@ -358,9 +375,10 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
         if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
             raise BadInput('outputs must be a list of {"name": ...} objects')
         names = [o.get("name") for o in wanted]
-        unknown = [n for n in names if n not in OUTPUTS]
+        unknown = [n for n in names if not isinstance(n, str) or n not in OUTPUTS]
         if unknown:
             raise BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
+    binary_wanted = _binary_wanted(body, wanted)  # checked before the batch is computed
     abstain_k, vgmu_on, timeout_s = _parameters(body)
     n_classes = len(model.class_names)
     options = resolve_options(state, model, abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=n_classes)
@@ -371,7 +389,7 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
     response: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if "id" in body:
         response["id"] = body["id"]
-    return _encode(response, tensors, _binary_wanted(body, wanted), names)
+    return _encode(response, tensors, binary_wanted, names)
 
 
 async def model_infer(name: str, request: Request) -> Response:

@@ -5,12 +5,17 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.http as tritonclient_http
 from tritonclient.utils import InferenceServerException
 
 from tests.service.conftest import Server, start_server
+
+ROOT = Path(__file__).parents[2]
+ZOO = ROOT / "models" / "zoo"
+EXAMPLES = ROOT / "examples"
 
 
 def test_first_listed_probability_is_the_prediction(server: Server, pngs: list[bytes]) -> None:
@@ -86,3 +91,41 @@ def test_calibrated_abstain_k_is_always_accepted(server: Server, pngs: list[byte
     with server.client() as c:
         r = c.post("/v1/predict", params={"abstain_k": k}, files=[("images", ("a.png", pngs[0]))])
     assert r.status_code == 200 and r.json()["results"][0]["abstain"] is True
+
+
+@pytest.fixture(scope="module")
+def zoo_server(tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """The shipped default model (cnn4, LLE-VGN), the one ``vge serve`` answers with."""
+    srv = start_server(tmp_path_factory.mktemp("zoo"), ZOO / "cnn4-lle-vgn-mnist", workers=1)
+    yield srv
+    srv.stop()
+
+
+def test_fp32_input_that_overflows_the_model_is_a_422_not_nan(zoo_server: Server) -> None:
+    """Finite FP32 input far outside the normalised range overflows cnn4's forward pass: the
+    scores were NaN, sent as bare NaN tokens (invalid JSON) with a prediction and an abstain."""
+    body = {"inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "FP32",
+                        "data": [3e38] * 784}]}  # fmt: skip
+    r = httpx.post(zoo_server.url + "/v2/models/cnn4-lle-vgn-mnist/infer", json=body, timeout=30)
+    assert r.status_code == 422, r.text
+    assert "FP32 input 0: the model's outputs are not finite" in r.json()["error"]
+    body["inputs"][0]["data"] = [1.0] * 784  # in range: answered
+    r = httpx.post(zoo_server.url + "/v2/models/cnn4-lle-vgn-mnist/infer", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_a_cmyk_jpeg_is_answered_like_its_png(zoo_server: Server) -> None:
+    """A CMYK JPEG of the example 7 was read as a blank white image (prediction 1, abstain)."""
+    import io
+
+    from PIL import Image
+
+    png = (EXAMPLES / "digit-7.png").read_bytes()
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(png)).convert("CMYK").save(buf, "JPEG", quality=95)
+    files = [("images", ("7.png", png)), ("images", ("7-cmyk.jpg", buf.getvalue()))]
+    r = httpx.post(zoo_server.url + "/v1/predict", files=files, timeout=30)
+    assert r.status_code == 200, r.text
+    as_png, as_cmyk = r.json()["results"]
+    assert as_png["prediction"] == as_cmyk["prediction"] == 7
+    assert as_cmyk["abstain"] == as_png["abstain"] is False

@@ -122,6 +122,26 @@ def test_v2_errors(server: Server) -> None:
                       "data": [0] * 784}], "parameters": {"timeout_s": True}}, 422, "timeout_s"),
         ({"inputs": [{"shape": [1, 28, 28], "datatype": "UINT8", "data": [0] * 784}]}, 400,
          "send raw pixels as 'images'"),  # the protocol requires a name
+        # JSON of the wrong kind where the protocol wants a string or an object (were 500s)
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": ["UINT8"],
+                      "data": [0] * 784}]}, 400, "datatype ['UINT8'] is not supported"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784, "parameters": [1]}]}, 400,
+         "input parameters must be an object"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "outputs": [{"name": ["vgmu"]}]}, 400,
+         "unknown outputs"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "outputs": [{"name": "vgmu", "parameters": 5}]}, 400,
+         "output 'vgmu' parameters must be an object"),
+        # "false" is not false: it must not switch binary output on
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "parameters": {"binary_data_output": "false"}}, 400,
+         "binary_data_output must be true or false"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}],
+          "outputs": [{"name": "vgmu", "parameters": {"binary_data": 1}}]}, 400,
+         "binary_data must be true or false"),
     ]  # fmt: skip
     for body, status, words in cases:
         r = httpx.post(url, json=body, timeout=10)
