@@ -40,14 +40,15 @@ LOOP = "uvloop" if _has("uvloop") else "asyncio"
 HTTP = "httptools" if _has("httptools") else "h11"
 
 
-def http_protocol() -> type[asyncio.Protocol] | str:
+def http_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
     """The HTTP protocol a front end's uvicorn runs: httptools with the service's changes
-    (:mod:`service.http_protocol`: JSON 400 for non-HTTP bytes, lingering close), else h11."""
+    (:mod:`service.http_protocol`: JSON 400 for non-HTTP bytes, lingering close, a 408 for
+    stalled clients after ``client_timeout_s``), else h11."""
     if HTTP != "httptools":
         return HTTP
     from service.http_protocol import FrontendHttpProtocol
 
-    return FrontendHttpProtocol
+    return FrontendHttpProtocol.configured(client_timeout_s=settings.client_timeout_s)
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -122,7 +123,7 @@ def frontend_main(
     config = uvicorn.Config(
         asgi_app(app),
         loop=LOOP,
-        http=http_protocol(),
+        http=http_protocol(settings),
         log_level=settings.log_level,
         timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)),
         access_log=False,

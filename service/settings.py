@@ -167,6 +167,12 @@ class Settings(BaseSettings):
         "before closing the listener, so load balancers move traffic away without errors.",
     )
     shutdown_grace_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 30.0
+    client_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        30.0,
+        description="A connection that has sent part of a request, or nothing since it opened, "
+        "and then no byte for this long gets a 408 and is closed (slow or stalled clients do not "
+        "hold a front end's connections and buffers).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("device")

@@ -1,12 +1,13 @@
 """service.http_protocol on a real uvicorn (in a thread, on loopback) with a small ASGI app.
 
 The app answers ``/early-close`` with a 413 and ``Connection: close`` without reading the body (as
-the body cap does), ``/early`` with a keep-alive 400 without reading it, and anything else after
-reading the body. The server's open connections are read from uvicorn's own state.
+the body cap does), ``/early`` with a keep-alive 400 without reading it, ``/slow`` 1.2 s after
+reading the body, and anything else after reading the body. The server's open connections are read from uvicorn's own state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -27,6 +28,8 @@ async def _app(scope, receive, send) -> None:  # noqa: ANN001
     else:
         while (await receive()).get("more_body"):
             pass
+        if scope["path"] == "/slow":
+            await asyncio.sleep(1.2)
         status, headers = 200, []
     body = b'{"ok": false}' if status != 200 else b'{"ok": true}'
     headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
@@ -35,8 +38,8 @@ async def _app(scope, receive, send) -> None:  # noqa: ANN001
 
 
 class _Server:
-    def __init__(self) -> None:
-        config = uvicorn.Config(_app, host="127.0.0.1", port=0, http=FrontendHttpProtocol,
+    def __init__(self, protocol: type[FrontendHttpProtocol] = FrontendHttpProtocol) -> None:
+        config = uvicorn.Config(_app, host="127.0.0.1", port=0, http=protocol,
                                 lifespan="off", timeout_keep_alive=1, log_level="warning")  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -126,3 +129,66 @@ def test_keep_alive_requests_are_served_as_before(server: _Server) -> None:
                 answer += sock.recv(65536)
             assert answer.startswith(b"HTTP/1.1 200 ")
         assert server.open_connections() == 1
+
+
+@pytest.fixture
+def impatient() -> Iterator[_Server]:
+    """The server with a 0.5 s client timeout."""
+    srv = _Server(FrontendHttpProtocol.configured(client_timeout_s=0.5))
+    yield srv
+    srv.server.should_exit = True
+    srv.thread.join(10)
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"POST /read HTTP/1.1\r\nhost: x\r\ncont",  # half a request head
+        b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n" + b"\0" * 40,  # a body
+    ],
+    ids=["head", "body"],
+)
+def test_a_stalled_request_gets_a_408_and_the_connection_closes(
+    impatient: _Server, sent: bytes
+) -> None:
+    with impatient.connect() as sock:
+        sock.sendall(sent)
+        answer = _until_eof(sock)  # the 408, then the server's FIN
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert (
+        b'"code":"request_timeout"' in answer.replace(b" ", b"") and b"connection: close" in answer
+    )
+    impatient.wait_closed(within=3)
+
+
+def test_a_connection_that_never_sends_is_closed(impatient: _Server) -> None:
+    with impatient.connect() as sock:
+        assert _until_eof(sock).startswith(b"HTTP/1.1 408 ")
+    impatient.wait_closed(within=3)
+
+
+def test_a_slow_but_steady_client_is_served(impatient: _Server) -> None:
+    """The timeout is between bytes, not for the whole request: a body that keeps coming, a
+    byte every 0.2 s for 1.6 s (over three times the timeout), is read and answered."""
+    with impatient.connect() as sock:
+        sock.sendall(b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 8\r\n\r\n")
+        for _ in range(8):
+            time.sleep(0.2)
+            sock.sendall(b"x")
+        answer = b""
+        while not answer.endswith(b'{"ok": true}'):
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_the_clock_stops_while_a_request_is_answered(impatient: _Server) -> None:
+    """A complete request is the server's to answer however long that takes: ``/slow`` answers
+    after 1.2 s, over twice the client timeout, with a 200 and no 408."""
+    with impatient.connect() as sock:
+        sock.sendall(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b'{"ok": true}'):
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 ")
