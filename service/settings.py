@@ -80,6 +80,11 @@ class Settings(BaseSettings):
 
     # --- payload limits ----------------------------------------------------------------------
     max_payload_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+    max_score_bytes: Annotated[int, Field(ge=1024)] = Field(
+        2 * 1024 * 1024,
+        description="Body limit of /v1/score (JSON member probabilities; parsing holds a front "
+        "end's interpreter, ~0.3 s per 2 MiB).",
+    )
     max_image_bytes: Annotated[int, Field(ge=64)] = 8 * 1024 * 1024
     max_image_pixels: Annotated[int, Field(ge=1)] = 4096 * 4096
     max_images: Annotated[int, Field(ge=1)] = 64

@@ -35,6 +35,7 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("abstain_k", float, "default abstain_k (VGE_ABSTAIN_K; default: model's calibrated)"),
     ("api_key", str, "key for training/admin endpoints (VGE_API_KEY; prefer the env var)"),
     ("max_payload_bytes", int, "request body limit (VGE_MAX_PAYLOAD_BYTES)"),
+    ("max_score_bytes", int, "/v1/score body limit (VGE_MAX_SCORE_BYTES)"),
     ("max_image_bytes", int, "encoded image limit (VGE_MAX_IMAGE_BYTES)"),
     ("max_image_pixels", int, "decoded image pixel limit (VGE_MAX_IMAGE_PIXELS)"),
     ("max_images", int, "images per request (VGE_MAX_IMAGES; default 64)"),

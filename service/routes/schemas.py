@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 from models.uncertainty.gate import GATE_K_MAX, K_MIN
 from service.settings import ABSTAIN_K_MAX, ABSTAIN_K_MIN
@@ -112,7 +112,9 @@ class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     probs: Annotated[
-        list[Annotated[list[Annotated[list[float], Field(min_length=2)]], Field(min_length=2)]],
+        list[
+            Annotated[list[Annotated[list[StrictFloat], Field(min_length=2)]], Field(min_length=2)]
+        ],
         Field(min_length=1, description="B×M×C member probabilities (B >= 1, M >= 2, C >= 2)."),
     ]
     gate_k: (

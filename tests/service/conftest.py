@@ -200,7 +200,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterat
         max_batch_size=32, max_queue_delay_ms=20, max_queue_length=512, batches_in_flight=2,
         api_key=API_KEY,
         max_images=16, max_image_bytes=20_000, max_payload_bytes=400_000,
-        max_image_pixels=512 * 512,
+        max_image_pixels=512 * 512, max_score_bytes=200_000,
     )  # fmt: skip
     yield srv
     srv.stop()

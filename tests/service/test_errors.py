@@ -84,6 +84,16 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
             r = c.post(path, content=deep, headers={"content-type": "application/json"})
             assert r.status_code in (400, 413, 422), (path, r.status_code, r.text)
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]], [[1.0]]]}), 422, "probs")
+        # JSON strings and booleans are not probabilities (were read as 0.5 and 1.0)
+        _error(c.post("/v1/score", json={"probs": [[["0.5", 0.5], [0.5, 0.5]]]}), 422,
+               "probs.0.0.0: Input should be a valid number")  # fmt: skip
+        _error(c.post("/v1/score", json={"probs": [[[True, 0.0], [0.5, 0.5]]]}), 422,
+               "Input should be a valid number")  # fmt: skip
+        _error(c.post("/v1/score", json=[1, 2]), 422, "request: Input should be")
+        _error(c.post("/v1/score", content=b"{"), 400, "request body is not valid JSON")
+        # over its own cap (parsing JSON holds the front end): refused before parsing
+        big = b'{"probs": [' + b",".join([b"[[0.5, 0.5], [0.5, 0.5]]"] * 10_000) + b"]}"
+        _error(c.post("/v1/score", content=big), 413, "VGE_MAX_SCORE_BYTES")
         _error(
             c.post("/v1/score", json={"probs": [[[0.5, 0.5]]], "abstain_k": -1}), 422, "abstain_k"
         )
