@@ -246,6 +246,11 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_limits(self) -> Settings:
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(
+                f"grpc_port ({self.grpc_port}) is the HTTP port: gRPC needs its own port "
+                "(VGE_GRPC_PORT)"
+            )
         if self.max_images > self.max_queue_length:
             raise ValueError(
                 f"max_images ({self.max_images}) exceeds max_queue_length "

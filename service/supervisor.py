@@ -53,6 +53,11 @@ log = logging.getLogger("vge.supervisor")
 
 #: An engine that dies this many times in a row without becoming ready stops the server.
 MAX_ENGINE_FAILURES = 3
+#: A front end that dies this many times in a row, each time within FRONTEND_SETTLE_S of its
+#: start, is failing at start-up, not being killed: the server stops instead of restarting it
+#: twice a second for good.
+MAX_FRONTEND_FAILURES = 5
+FRONTEND_SETTLE_S = 10.0
 ENGINE_START_TIMEOUT_S = 600.0
 
 
@@ -118,6 +123,30 @@ class Supervisor:
             reuseport_socket(host, self.port) for _ in range(self.n_workers - 1)
         ]
         return self.port
+
+    def check_grpc(self) -> str | None:
+        """Why the gRPC service cannot start (``VGE_GRPC_PORT`` set), else None. Checked before any
+        process starts: a front end that cannot start it fails its start-up, and restarting it
+        would fail the same way, twice a second."""
+        settings = self.settings
+        if not settings.grpc_port:
+            return None
+        try:
+            import grpc  # noqa: F401
+            from tritonclient.grpc import service_pb2_grpc  # noqa: F401
+        except ImportError:
+            return "VGE_GRPC_PORT is set but gRPC support is not installed: pip install 'vge-serve[grpc]'"
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((settings.host, settings.grpc_port))
+        except OSError as exc:
+            return (
+                f"cannot listen on {settings.host}:{settings.grpc_port} for gRPC "
+                f"(VGE_GRPC_PORT): {exc.strerror}"
+            )
+        return None
 
     def make_arenas(self) -> None:
         from service.shm import create_arena_file, shm_dir
@@ -190,10 +219,10 @@ class Supervisor:
             if self._stopping:
                 self._stop_engine()
                 return 0
-            print(
+            print(  # the model, the device or the settings: a configuration error
                 "vge serve: error: the engine failed to start (see the log above)", file=sys.stderr
             )
-            return 1
+            return 2
         from service.metrics import Metrics
 
         self._metrics = Metrics()
@@ -205,6 +234,8 @@ class Supervisor:
             flush=True,
         )
         engine_failures = 0
+        started = [time.monotonic()] * self.n_workers  # per front end: when it last started
+        early_deaths = [0] * self.n_workers  # in a row, each within FRONTEND_SETTLE_S of its start
         while not self._stopping:
             sentinels = [p.sentinel for p in [self.engine, *self.frontends]]
             if self._wake[0] in wait([*sentinels, self._wake[0]], timeout=0.2):
@@ -217,7 +248,16 @@ class Supervisor:
                     log.error("front end %d (pid %d) died (%s); restarting", i, proc.pid,
                               proc.exitcode)  # fmt: skip
                     self._dead(proc.pid, "frontend")
+                    early = time.monotonic() - started[i] < FRONTEND_SETTLE_S
+                    early_deaths[i] = early_deaths[i] + 1 if early else 0
+                    if early_deaths[i] >= MAX_FRONTEND_FAILURES:
+                        print(f"vge serve: error: front end {i} keeps failing at start-up (see "
+                              "the log above); stopping", file=sys.stderr)  # fmt: skip
+                        self._stopping = True
+                        self._shutdown()
+                        return 1
                     self.frontends[i] = self.start_frontend(i)
+                    started[i] = time.monotonic()
             if not self.engine.is_alive():
                 log.error("engine (pid %d) died (%s); restarting", self.engine.pid,
                           self.engine.exitcode)  # fmt: skip
@@ -280,6 +320,12 @@ class Supervisor:
                 self.engine.join(5)
 
     def cleanup(self) -> None:
+        # After a normal stop every child has exited; after an error in run(), none may outlive
+        # the supervisor (multiprocessing's exit hook would wait on them for good).
+        for proc in [*self.frontends, *([self.engine] if self.engine is not None else [])]:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
         if self._wake is not None:
             signal.set_wakeup_fd(-1)
             for end in self._wake:
@@ -307,6 +353,11 @@ def run(settings: Settings) -> int:
 
         values.ValueClass = values.get_value_class()
     supervisor = Supervisor(settings, workdir)
+    problem = supervisor.check_grpc()
+    if problem is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        print(f"vge serve: error: {problem}", file=sys.stderr)
+        return 2
     try:
         supervisor.bind()
     except OSError as exc:

@@ -45,9 +45,9 @@ def margin_score(probs: Tensor, abstain_k: float = 1.0, eps: float = EPS) -> Mar
 
 
 def check_abstain_k(abstain_k: float) -> None:
-    """Raise ``ValueError`` unless ``abstain_k`` is a number ``>= 0`` (not NaN)."""
-    if abstain_k < 0 or abstain_k != abstain_k:
-        raise ValueError(f"abstain_k must be a number >= 0; got {abstain_k}")
+    """Raise ``ValueError`` unless ``0 <= abstain_k <= ABSTAIN_K_MAX`` (not NaN or infinite)."""
+    if not 0 <= abstain_k <= ABSTAIN_K_MAX:
+        raise ValueError(f"abstain_k must be a number in [0, {ABSTAIN_K_MAX:g}]; got {abstain_k}")
 
 
 def margin_score_unchecked(

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 SUBCOMMANDS = ("score", "train", "evaluate", "serve")
 
@@ -40,6 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_output_dir(path: Path) -> None:
+    """Raise :class:`CliError` unless ``path`` can be a directory this process writes: checked
+    before the work, not found out when the results are saved (``vge train`` would have trained
+    for nothing)."""
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{path}: exists and is not a directory")
+    existing = path
+    while not existing.exists():  # the directory that would hold it
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise CliError(
+            f"{path}: cannot create or write it ({existing} is not a writable directory)"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -48,6 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"vge {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `vge score big.npy | head -1`: the reader has gone, quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush does not fail
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from service.cli import CliError
+from service.cli import CliError, check_output_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,15 +57,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{model_dir}: no such model directory")
     # Default output goes to the working directory: model directories may be read-only package data.
     out = args.out if args.out is not None else Path(f"eval-{model_dir.name}-{args.split}")
-    if out.exists() and not out.is_dir():
-        raise CliError(f"{out}: exists and is not a directory")
+    check_output_dir(out)
     try:
         metrics = run_evaluation(model_dir, out, split=args.split, data_root=args.data_root)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:  # CheckpointError is a ValueError
+    except (ValueError, OSError, RuntimeError) as exc:  # CheckpointError is a ValueError
+        if isinstance(exc, OSError) and str(exc.filename or "").startswith(str(out)):
+            raise CliError(f"{out}: cannot write results ({exc.strerror or exc})") from None
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CliError(f"{model_dir}: {message}") from None
-    except OSError as exc:
-        raise CliError(f"{out}: cannot write results ({exc.strerror or exc})") from None
     cls = metrics["classification"]
     ood = metrics.get("ood") or {}
     vgmu_ood = (ood.get("scores") or {}).get("vgmu", {})

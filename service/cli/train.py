@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from service.cli import CliError
+from service.cli import CliError, check_output_dir
 
 # flag -> (TrainConfig field, type, help)
 _FLAGS: list[tuple[str, str, type, str]] = [
@@ -107,9 +107,14 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
 
+    check_output_dir(args.out)
     try:
         out = train(config, args.out, on_event=on_event)
-    except ValueError as exc:  # e.g. dataset not found / downloads off
-        raise CliError(str(exc).splitlines()[0]) from None
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        # ValueError: dataset not found / downloads off; FileNotFoundError: an ImageFolder without
+        # class folders; RuntimeError: a device this machine lacks (--device cuda without a GPU)
+        raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    except OSError as exc:
+        raise CliError(f"{args.out}: cannot write the model ({exc.strerror or exc})") from None
     print(out)
     return 0

@@ -273,6 +273,25 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cli_mistakes_found_before_or_during_training_exit_2(tmp_path):
+    """An output path that cannot be written is refused before training (it used to fail at the
+    save, after the whole run, with a traceback); a device the machine lacks, and an ImageFolder
+    without class folders, are one line and exit 2, not tracebacks."""
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "empty").mkdir()
+    for args, words in (
+        (["--out", str(tmp_path / "a-file" / "o")], "is not a writable directory"),
+        (["--out", str(tmp_path / "a-file")], "exists and is not a directory"),
+        (["--out", str(tmp_path / "o"), "--device", "cuda"], "NVIDIA"),
+        (["--out", str(tmp_path / "o"), "--dataset", f"imagefolder:{tmp_path / 'empty'}"],
+         "class"),
+    ):  # fmt: skip
+        r = _vge("train", "--epochs", "1", "--max-train-samples", "64", *args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr
+
+
 def test_cli_flag_help_names_every_choice():
     """The --backbone / --lr-schedule help lists stay in step with the registry and the config."""
     import typing

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -329,3 +330,46 @@ def test_a_replaced_front_end_clears_the_arrival_count_its_predecessor_left(
     _wait_until(lambda: _ready(tree), 30, "readiness")
     _wait_until(lambda: _arriving(tree) == 0, 10, "the replacements to clear their arena counts")
     assert _predict(tree, pngs[0]).status_code == 200
+
+
+def _serve(*args: str, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
+    env.update(env_vars)
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli.serve", "--host", "127.0.0.1", "--port", "0", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_grpc_port_in_use_is_refused_with_exit_code_2() -> None:
+    """Checked before any process starts: the front ends failed to start gRPC in their start-up
+    and were restarted twice a second for good (4,253 log lines in 45 s)."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        proc = _serve(VGE_GRPC_PORT=str(port))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"vge serve: error: cannot listen on 127.0.0.1:{port} for gRPC (VGE_GRPC_PORT): "
+        "Address already in use"
+    )
+
+
+def test_grpc_on_the_http_port_is_refused() -> None:
+    proc = _serve("--port", "8123", VGE_GRPC_PORT="8123")
+    assert proc.returncode == 2, proc.stderr
+    assert "gRPC needs its own port" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_a_model_that_does_not_load_is_exit_code_2(tmp_path: Path) -> None:
+    """A configuration error like any other: the engine's start-up fails, nothing is served."""
+    bad = tmp_path / "model"
+    shutil.copytree(REPO / "models" / "zoo" / "lenet5-lle-vgn-mnist", bad)
+    weights = next(bad.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-16])  # truncated: its sha256 no longer matches
+    proc = _serve("--model-dir", str(bad))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "vge serve: error: the engine failed to start (see the log above)"
+    )

@@ -103,6 +103,15 @@ def test_directory_without_a_model_exits_2(
     assert not (tmp_path / "out").exists()
 
 
+def test_an_output_that_cannot_be_written_is_blamed_not_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    assert main(["evaluate", "default", "--out", str(tmp_path / "a-file" / "out")]) == 2
+    err = _one_line_error(capsys)
+    assert err.startswith(f"vge evaluate: error: {tmp_path / 'a-file' / 'out'}: "), err
+
+
 def test_bad_split_exits_2(tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["evaluate", str(tiny_model), "--split", "train"])

@@ -83,6 +83,11 @@ def test_npz_and_vgmu_on_q_match_the_library(tmp_path: Path) -> None:
             ["--abstain-k", "x"],
             "invalid float value",
         ),
+        (  # as /v1/score: the same range
+            lambda p: np.save(p, np.full((1, 2, 2), 0.5)),
+            ["--abstain-k", "inf"],
+            "abstain_k must be a number in [0, 1e+09]",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -102,3 +107,15 @@ def test_npz_without_probs_key(tmp_path: Path) -> None:
     np.savez(path, other=np.ones(3))
     done = vge("score", str(path))
     assert done.returncode == 2 and "no array named 'probs'" in done.stderr
+
+
+def test_a_reader_that_goes_away_is_no_traceback(tmp_path: Path) -> None:
+    """``vge score big.npy | head -1``: a BrokenPipeError traceback before."""
+    path = tmp_path / "big.npy"
+    np.save(path, np.full((20_000, 2, 2), 0.5))
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "score", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().startswith(b'{"prediction"')
+    proc.stdout.close()  # the reader goes away
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1 and b"Traceback" not in err, err
