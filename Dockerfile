@@ -65,7 +65,7 @@ VOLUME ["/data"]
 
 # Settings come from the environment (pydantic-settings, prefix VGE_). VGE_MODEL_DIR is left unset
 # so the shipped default model is served; set it to a model directory on /data to serve another
-# model (do not set it to an empty string: that means the current directory).
+# model (an empty string counts as unset).
 # VGE_DEVICE=auto picks CUDA when a GPU was passed through, CPU otherwise.
 # VGE_API_KEY has no default on purpose: pass it at run time (docker-compose.yml reads it from .env).
 ENV VGE_HOST=0.0.0.0 \

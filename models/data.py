@@ -388,7 +388,7 @@ def _load_torchvision(
             full = cls(root=str(root), train=True, transform=tf, download=allow_download)
             test = cls(root=str(root), train=False, transform=tf, download=allow_download)
     except RuntimeError as e:
-        hint = "" if allow_download else " (downloads are off: pass allow_download=True)"
+        hint = "" if allow_download else " (downloads are off: pass allow_download=True, or --allow-download to vge train)"
         raise ValueError(f"{cls_name} not found under {root}{hint}: {e}") from None
     labels = _targets(full)
     # validation: a fixed stratified 10% of the official training set; test: the official test set
