@@ -80,6 +80,7 @@ def open_review_store(settings: Settings) -> ReviewStore:
         Database(settings.reviews_database_url),
         settings.review_dir / "blobs",
         max_items=settings.review_max_items,
+        max_bytes=settings.review_max_bytes,
         lease_s=settings.review_lease_s,
     )
 

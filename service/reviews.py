@@ -16,9 +16,11 @@ States: ``pending`` → ``reviewed`` (a label from the model's classes) | ``skip
 can still be labelled later. Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
 one reviewer for a lease; until it expires no other reviewer is handed that item (PostgreSQL:
 ``FOR UPDATE SKIP LOCKED``; SQLite: one writer at a time, so the ``UPDATE … RETURNING`` is atomic).
-Bounded: at most ``max_items`` pending items (checked before each insert, so front ends racing at
-the limit may pass it by the few images in flight); a full queue refuses to queue (the answer says
-``queue_full``), never fails the prediction.
+Bounded: at most ``max_items`` pending items and ``max_bytes`` of their images (checked before
+each insert, so front ends racing at the limit may pass it by the few images in flight); a full
+queue refuses to queue (the answer says ``queue_full``) and writes nothing to disk, and never
+fails the prediction. Without the byte bound, anonymous clients could fill the disk within the
+item bound: a PNG padded with a 7 MiB text chunk is a valid image, stored as sent.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ CREATE TABLE IF NOT EXISTS reviews (
     reviewer TEXT,
     reviewed_at DOUBLE PRECISION,
     claimed_by TEXT,
-    claim_expires DOUBLE PRECISION
+    claim_expires DOUBLE PRECISION,
+    size BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS reviews_state_created ON reviews (state, created_at, id);
 CREATE INDEX IF NOT EXISTS reviews_state_vgmu ON reviews (state, vgmu, id);
@@ -141,12 +144,22 @@ def _decode_cursor(cursor: str) -> tuple[float, str]:
 class ReviewStore:
     """The review queue over a :class:`Database` and a :class:`BlobStore` (thread-safe)."""
 
-    def __init__(self, db: Database, blob_root: Path, *, max_items: int, lease_s: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        blob_root: Path,
+        *,
+        max_items: int,
+        lease_s: float,
+        max_bytes: int = 2**62,
+    ) -> None:
         self.db = db
         self.blobs = BlobStore(blob_root)
         self.max_items = max_items
+        self.max_bytes = max_bytes
         self.lease_s = lease_s
         db.script(SCHEMA)
+        db.add_column("reviews", "size", "BIGINT NOT NULL DEFAULT 0")  # queues before 0.3
 
     # ------------------------------------------------------------------ queueing
     def enqueue(
@@ -164,7 +177,7 @@ class ReviewStore:
         classes_json = json.dumps(list(classes))
         out = []
         for i, (data, answer) in enumerate(zip(images, answers, strict=True)):
-            sha = self.blobs.put(data)
+            sha = hashlib.sha256(data).hexdigest()
             # A microsecond apart: "oldest first" keeps a request's images in their order.
             at = now + i * 1e-6
             out.append(self._insert(model, model_version, classes_json, sha, data, answer, at))
@@ -186,17 +199,22 @@ class ReviewStore:
         )
         if existing is not None:
             return Enqueued(existing, "already_queued")
-        if self.pending_count() >= self.max_items:
-            return Enqueued(None, "queue_full")
+        row = self.db.fetchall(
+            "SELECT COUNT(*) AS n, COALESCE(SUM(size), 0) AS b FROM reviews WHERE state = 'pending'"
+        )[0]
+        if row["n"] >= self.max_items or row["b"] + len(data) > self.max_bytes:
+            return Enqueued(None, "queue_full")  # before the image is written: nothing on disk
+        self.blobs.put(data)
         item_id = uuid.uuid4().hex
         stored = {"model": model, "model_version": version, **answer}
         changed = self.db.execute(
             "INSERT INTO reviews (id, created_at, model, model_version, sha256, content_type, "
-            "prediction, vgmu, answer, classes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "prediction, vgmu, answer, classes, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT DO NOTHING",
             (
                 item_id, now, model, version, sha, sniff_content_type(data),
                 str(answer["label"]), float(answer["vgmu"]), json.dumps(stored), classes_json,
+                len(data),
             ),
         )  # fmt: skip
         if changed == 0:  # another process queued the same image for this model just now

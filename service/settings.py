@@ -145,6 +145,11 @@ class Settings(BaseSettings):
     review_max_items: Annotated[int, Field(ge=1, le=100_000_000)] = Field(
         10_000, description="Pending items at most; a full queue answers review_status queue_full."
     )
+    review_max_bytes: Annotated[int, Field(ge=1024)] = Field(
+        1024**3,
+        description="Bytes of pending items' images at most (1 GiB); a full queue answers "
+        "review_status queue_full and writes nothing.",
+    )
     review_lease_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = Field(
         300.0, description="How long a claimed item is held for one reviewer."
     )

@@ -45,6 +45,7 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("review_queue", str, "on/off: queue predictions for human review (VGE_REVIEW_QUEUE; off)"),
     ("review_dir", Path, "queued images and the queue's SQLite file (VGE_REVIEW_DIR)"),
     ("review_max_items", int, "pending review items at most (VGE_REVIEW_MAX_ITEMS; 10000)"),
+    ("review_max_bytes", int, "pending review images' bytes at most (VGE_REVIEW_MAX_BYTES; 1 GiB)"),
     ("review_retention_days", float, "delete closed reviews this old (VGE_REVIEW_RETENTION_DAYS)"),
     ("jobs_db_url", str, "job store, sqlite:///path (VGE_JOBS_DB_URL)"),
     ("jobs_dir", Path, "job logs (VGE_JOBS_DIR)"),

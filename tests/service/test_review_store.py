@@ -70,6 +70,44 @@ def test_full_queue_refuses_without_failing(db_url: str, tmp_path: Path) -> None
     ]
     assert queue(store, PNG + bytes([3])).review_id is None
     assert store.pending_count() == 2
+    # what a full queue refused is not on disk (it used to be written, then never referenced)
+    assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) == 2
+
+
+def test_the_queue_is_bounded_in_bytes_too(db_url: str, tmp_path: Path) -> None:
+    """Within the item bound, images padded with text chunks could fill the disk: the pending
+    images' bytes are bounded as well, and a label frees its item's share."""
+    store = ReviewStore(Database(db_url), tmp_path / "blobs", max_items=100, lease_s=60.0,
+                        max_bytes=3000)  # fmt: skip
+    big = [PNG + bytes([i]) * 1000 for i in range(4)]  # 1,014 bytes each
+    statuses = [queue(store, b, now=1000.0 + i).status for i, b in enumerate(big[:3])]
+    assert statuses == ["queued", "queued", "queue_full"]
+    assert len([p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]) == 2
+    assert queue(store, PNG + b"small", now=1010.0).status == "queued"  # fits what is left
+    oldest = store.list(limit=1)[0][0]  # big[0]
+    store.label(oldest["id"], "3", "ann")
+    assert queue(store, big[3], now=1020.0).status == "queued"
+
+
+def test_a_queue_from_before_the_byte_bound_gets_its_size_column(tmp_path: Path) -> None:
+    """An older queue's table has no size column: it is added (0 for its items)."""
+    import sqlite3
+
+    from service.reviews import SCHEMA
+
+    path = tmp_path / "old.sqlite3"
+    old_schema = SCHEMA.replace(",\n    size BIGINT NOT NULL DEFAULT 0", "")
+    assert "size" not in old_schema
+    with sqlite3.connect(path) as conn:
+        conn.executescript(old_schema)
+        conn.execute(
+            "INSERT INTO reviews (id, created_at, model, model_version, sha256, content_type, "
+            "prediction, vgmu, answer, classes) VALUES ('a', 1, 'm', '1', 'x', 'image/png', '3', "
+            "0.5, '{}', '[]')"
+        )
+    store = make_store(f"sqlite:///{path}", tmp_path)
+    assert store.pending_count() == 1
+    assert queue(store, PNG + b"new").status == "queued"
 
 
 def test_list_orders_and_paginates(db_url: str, tmp_path: Path) -> None:
