@@ -2,8 +2,10 @@
 
 The key travels as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` (both, then the same
 key), is compared with
-:func:`secrets.compare_digest` and is never logged. Missing key: 401; wrong key: 403. With no key
-configured (``VGE_API_KEY`` unset) the management endpoints are disabled (403).
+:func:`secrets.compare_digest` and is never logged. With no key configured (``VGE_API_KEY``
+unset) the management endpoints are disabled: 403 saying so, with or without a key (a 401 asking
+for a key no key could satisfy would send clients looking for one). Otherwise a missing key is a
+401 and a wrong one a 403.
 """
 
 from __future__ import annotations
@@ -37,15 +39,15 @@ def _presented_key(request: Request) -> str | None:
 async def require_api_key(request: Request) -> None:
     """FastAPI dependency: pass only with the configured API key."""
     configured = request.app.state.settings.api_key
+    if configured is None:
+        raise Forbidden(
+            "management endpoints are disabled: start the server with VGE_API_KEY / --api-key"
+        )
     presented = _presented_key(request)
     if presented is None:
         raise Unauthorized(
             "missing API key: send `Authorization: Bearer <key>` or `X-API-Key: <key>`",
             headers={"WWW-Authenticate": "Bearer"},
-        )
-    if configured is None:
-        raise Forbidden(
-            "management endpoints are disabled: start the server with VGE_API_KEY / --api-key"
         )
     if not secrets.compare_digest(
         presented.encode("utf-8"), configured.get_secret_value().encode("utf-8")
@@ -60,15 +62,15 @@ async def require_reviewer(request: Request) -> None:
     """
     settings = request.app.state.settings
     keys = [k for k in (settings.reviewer_key, settings.api_key) if k is not None]
+    if not keys:
+        raise Forbidden(
+            "the review API is disabled: start the server with VGE_REVIEWER_KEY (or VGE_API_KEY)"
+        )
     presented = _presented_key(request)
     if presented is None:
         raise Unauthorized(
             "missing reviewer key: send `Authorization: Bearer <key>` (VGE_REVIEWER_KEY)",
             headers={"WWW-Authenticate": "Bearer"},
-        )
-    if not keys:
-        raise Forbidden(
-            "the review API is disabled: start the server with VGE_REVIEWER_KEY (or VGE_API_KEY)"
         )
     # Compare with every key (no early exit) so timing does not tell which one is configured.
     ok = [secrets.compare_digest(presented.encode(), k.get_secret_value().encode()) for k in keys]

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import APIRouter, Body, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from models.checkpoint import MODEL_NAME_PATTERN
 from service.auth import ApiKey
 from service.deps import State
+from service.errors import InvalidValue
 from service.routes.schemas import error_responses
 
 router = APIRouter(
@@ -55,8 +56,14 @@ async def list_models(state: State) -> dict[str, Any]:
 
 
 @router.post("/reload")
-async def reload_model(_: ApiKey, state: State) -> dict[str, Any]:
-    """Reload the served model's directory; load-then-swap, no request fails."""
+async def reload_model(_: ApiKey, state: State, request: Request) -> dict[str, Any]:
+    """Reload the served model's directory; load-then-swap, no request fails. Takes no body: to
+    serve another model, promote it."""
+    if await request.body():  # e.g. {"model_dir": ...}: answered 200, having reloaded the same one
+        raise InvalidValue(
+            "reload takes no body: it reloads the served model's directory; to serve another "
+            "model use POST /v1/models/promote"
+        )
     return {"status": "reloaded", "model": await state.engine.call("models.reload")}
 
 

@@ -11,12 +11,23 @@ from service.settings import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 AbstainK = Annotated[
     float,
-    Field(ge=ABSTAIN_K_MIN, le=ABSTAIN_K_MAX, description="Abstain margin in standard deviations."),
+    Field(
+        ge=ABSTAIN_K_MIN,
+        le=ABSTAIN_K_MAX,
+        allow_inf_nan=False,
+        description="Abstain margin in standard deviations.",
+    ),
 ]
 TopK = Annotated[int, Field(ge=1, le=1000, description="Probabilities returned per image.")]
 VgmuOn = Literal["p", "q"]
 TimeoutS = Annotated[
-    float, Field(ge=0.05, le=3600.0, description="Per-request deadline (s), at least 50 ms.")
+    float,
+    Field(
+        ge=0.05,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="Per-request deadline (s), at least 50 ms.",
+    ),
 ]
 
 
@@ -123,6 +134,7 @@ class ScoreRequest(BaseModel):
             Field(
                 ge=K_MIN,
                 le=GATE_K_MAX,
+                allow_inf_nan=False,
                 description="Gate the members with VGN at this fixed k (paper Section 3.1).",
             ),
         ]

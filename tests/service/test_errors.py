@@ -71,6 +71,18 @@ def test_client_mistakes(server: Server, pngs: list[bytes]) -> None:
             c.post("/v1/predict", params={"vgmu_on": "z"}, json={"images": [b64]}), 422, "vgmu_on"
         )
         _error(c.post("/v1/predict", params={"top_k": 0}, json={"images": [b64]}), 422, "top_k")
+        # a repeated parameter is ambiguous (the last one used to win silently)
+        _error(c.post("/v1/predict?top_k=1&top_k=3", json={"images": [b64]}), 422,
+               "top_k is given 2 times in the query")  # fmt: skip
+        _error(c.post("/v1/predict", params={"abstain_k": "nan"}, json={"images": [b64]}), 422,
+               "abstain_k: Input should be a finite number")  # fmt: skip
+        long_name = "x" * 10_000  # an unknown parameter's name is not echoed whole
+        r = c.post("/v1/predict", params={long_name: "1"}, json={"images": [b64]})
+        _error(r, 422, "Extra inputs are not permitted")
+        assert len(r.json()["error"]) < 200, len(r.json()["error"])
+        # an images part without filename or type (curl -F 'images=<file.png') is an image
+        r = c.post("/v1/predict", files=[("images", (None, pngs[0]))])
+        assert r.status_code == 200, r.text
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.7], [0.5, 0.5]]]}), 422, "sum")
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5]]]}), 422, "at least 2 items")
         _error(c.post("/v1/score", json={"probs": [[[0.5, 0.5], [0.5, 0.5]]], "vgmu_on": "q"}),
@@ -151,6 +163,8 @@ def test_admin_errors(server: Server) -> None:
         _error(c.post("/v1/models/promote", json={"model": "../etc"}), 422, "should match pattern")
         _error(c.post("/v1/models/promote", json={"model": "missing"}), 404, "missing")
         _error(c.post("/v1/models/promote", json={}), 422, "exactly one")
+        # reload reloads the served directory: a body asking for another was answered 200
+        _error(c.post("/v1/models/reload", json={"model_dir": "/etc"}), 422, "takes no body")
         _error(c.get("/v1/training-jobs/job-nope"), 404, "job-nope")
         _error(c.post("/v1/training-jobs", json={"epochs": 0}), 422, "epochs")
         _error(c.post("/v1/training-jobs", json={"backbone": "nope"}), 422, "backbone")

@@ -79,6 +79,10 @@ def test_a_typed_part_without_filename_is_a_file_and_a_text_part_a_field() -> No
     )
     form = parse_form(body, CT, max_files=1, max_fields=1, file_field="images")
     assert (form.files, form.fields) == ([("", b"\xff")], {"top_k": "2"})
+    # the file field's part with neither filename nor type (curl -F 'images=<file'): a file too
+    bare = b'--b\r\nContent-Disposition: form-data; name="images"\r\n\r\n\x89PNG\xff\r\n--b--\r\n'
+    form = parse_form(bare, CT, max_files=1, max_fields=1, file_field="images")
+    assert (form.files, form.fields) == ([("", b"\x89PNG\xff")], {})
 
 
 def test_files_under_another_name_are_refused_when_one_is_asked_for() -> None:

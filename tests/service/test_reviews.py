@@ -147,6 +147,10 @@ def test_queue_survives_restart_and_retention_runs(
         # No key configured at all: the review API is disabled, the queue still fills.
         denied = httpx.get(srv.url + "/v1/reviews", headers=R)
         assert denied.status_code == 403 and "disabled" in denied.json()["error"]
+        keyless = httpx.get(srv.url + "/v1/reviews")  # no key could do: 403, not a 401 asking
+        assert keyless.status_code == 403 and "disabled" in keyless.json()["error"]
+        admin = httpx.post(srv.url + "/v1/models/reload")  # no VGE_API_KEY either
+        assert admin.status_code == 403 and "disabled" in admin.json()["error"], admin.text
         ids = [r["review_id"] for r in predict(srv, pngs[10:13], review="always")]
         srv.stop()
         srv = start_server(work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY)
