@@ -31,6 +31,7 @@ import asyncio
 import sys
 from typing import Any
 
+from httptools import HttpParserInvalidURLError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.errors import raw_error_response
@@ -177,10 +178,18 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        # uvicorn calls this inside its ``except httptools.HttpParserError``: the reason is there
+        # uvicorn calls this inside its ``except httptools.HttpParserError``: the reason is there,
+        # or, for an error in uvicorn's own callback, in its context (a URL over 64 KiB, which
+        # httptools.parse_url refuses, is then a 414, not "User callback error").
         reason = sys.exc_info()[1]
+        cause = reason.__context__ if reason is not None else None
+        status, code = 400, "bad_request"
+        if isinstance(cause, HttpParserInvalidURLError) and "too long" in str(cause):
+            status, code, reason = 414, "uri_too_long", cause
         detail = f"malformed HTTP request: {reason}" if reason else msg
+        if status == 414:
+            detail = f"request URL too long: {reason}"
         self._real.write(
-            raw_error_response(400, detail, "bad_request", self.server_state.default_headers)
+            raw_error_response(status, detail, code, self.server_state.default_headers)
         )
         self._real.close()

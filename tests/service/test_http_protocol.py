@@ -192,3 +192,16 @@ def test_the_clock_stops_while_a_request_is_answered(impatient: _Server) -> None
             assert chunk, answer
             answer += chunk
         assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_url_over_64_kib_is_a_414(server: _Server) -> None:
+    """httptools cannot parse a URL over 65,535 bytes; uvicorn's callback failing on it was a 400
+    "User callback error"."""
+    with server.connect() as sock:
+        sock.sendall(b"GET /read?" + b"a" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = _until_eof(sock)
+    assert answer.startswith(b"HTTP/1.1 414 URI Too Long\r\n"), answer[:100]
+    assert b'"code": "uri_too_long"' in answer and b"exceeds the maximum of 65535 bytes" in answer
+    with server.connect() as sock:  # one under the limit is served
+        sock.sendall(b"GET /read?" + b"a" * 60_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 200 ")
