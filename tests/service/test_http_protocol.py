@@ -200,7 +200,7 @@ def test_a_url_over_64_kib_is_a_414(server: _Server) -> None:
     with server.connect() as sock:
         sock.sendall(b"GET /read?" + b"a" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
         answer = _until_eof(sock)
-    assert answer.startswith(b"HTTP/1.1 414 URI Too Long\r\n"), answer[:100]
+    assert answer.startswith(b"HTTP/1.1 414 "), answer[:100]
     assert b'"code": "uri_too_long"' in answer and b"exceeds the maximum of 65535 bytes" in answer
     with server.connect() as sock:  # one under the limit is served
         sock.sendall(b"GET /read?" + b"a" * 60_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
