@@ -204,9 +204,27 @@ def _decode_into(
         raise exc.with_traceback(None) from None
 
 
-#: Payloads up to this many bytes are decoded on the event loop: a thread hop costs more than
-#: decoding a few small images (a 28×28 PNG decodes in ~20 µs).
+#: Payloads up to this many bytes, and this many decoded pixels, are decoded on the event loop:
+#: a thread hop costs more than decoding a few small images (a 28×28 PNG decodes in ~20 µs). The
+#: pixel bound keeps images that compress well but decode large (a blank 4096×4096 PNG is 50 KB)
+#: off the loop, where they stalled every other request of the front end.
 INLINE_DECODE_BYTES = 64 * 1024
+INLINE_DECODE_PIXELS = 256 * 256
+
+
+def _decode_inline(blobs: list[bytes]) -> bool:
+    """Whether ``blobs`` are small enough, encoded and decoded, to decode on the event loop."""
+    if sum(len(b) for b in blobs) > INLINE_DECODE_BYTES:
+        return False
+    pixels = 0
+    for b in blobs:
+        header = read_header(b)
+        if header is None:  # the decoder refuses it at once (or it is tiny anyway)
+            continue
+        pixels += header.pixels
+        if pixels > INLINE_DECODE_PIXELS:
+            return False
+    return True
 
 
 async def decode_into(
@@ -223,7 +241,7 @@ async def decode_into(
     an error, and another request may be given it at once.
     """
     channels, size = int(out.shape[1]), (int(out.shape[2]), int(out.shape[3]))
-    if sum(len(b) for b in blobs) <= INLINE_DECODE_BYTES:
+    if _decode_inline(blobs):
         for i, b in enumerate(blobs):
             _decode_into(b, i, out[i], channels, size, settings)
         return

@@ -169,3 +169,15 @@ def test_a_failed_decode_does_not_keep_its_image_alive(monkeypatch: pytest.Monke
     gc.collect()
     assert refs and refs[0]() is None, "the decoded image is still referenced"
     assert err.value.__traceback__ is not None  # only _decode_into's own frame
+
+
+def test_images_that_decode_large_are_not_decoded_on_the_event_loop() -> None:
+    """A blank 2048×2048 PNG is a few KB: small by bytes, 4 M pixels decoded. Decoding it inline
+    stalled the front end's event loop; only payloads small both ways are decoded there."""
+    from service.decode import _decode_inline
+
+    blank = bytes(encode_png(torch.zeros((1, 2048, 2048), dtype=torch.uint8)).numpy())
+    digit = bytes(encode_png(torch.zeros((1, 28, 28), dtype=torch.uint8)).numpy())
+    assert len(blank) < INLINE_DECODE_BYTES
+    assert not _decode_inline([blank]) and _decode_inline([digit] * 64)
+    assert not _decode_inline([_noise_png(i) for i in range(2)])  # over the byte bound
