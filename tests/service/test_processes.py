@@ -373,3 +373,36 @@ def test_a_model_that_does_not_load_is_exit_code_2(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines()[-1] == (
         "vge serve: error: the engine failed to start (see the log above)"
     )
+
+
+def test_a_front_end_that_keeps_dying_at_start_up_stops_the_server(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """A front end that dies within FRONTEND_SETTLE_S of its start five times in a row is failing
+    at start-up (a gRPC port taken meanwhile, say): the server stops with status 1 instead of
+    restarting it twice a second for good. One that dies later is restarted (the test above)."""
+    from service.supervisor import MAX_FRONTEND_FAILURES
+
+    srv = start_server(tmp_path, tiny_model, workers=1)
+    killed: list[int] = []
+    try:
+        while srv.proc.poll() is None and len(killed) <= MAX_FRONTEND_FAILURES + 1:
+            _wait_until(
+                lambda: (
+                    srv.proc.poll() is not None
+                    or any(p not in killed for p in _children(srv.proc.pid)["frontend"])
+                ),
+                30,
+                "a new front end",
+            )
+            if srv.proc.poll() is not None:
+                break
+            victim = next(p for p in _children(srv.proc.pid)["frontend"] if p not in killed)
+            os.kill(victim, signal.SIGKILL)  # at once: it has not settled
+            killed.append(victim)
+            time.sleep(0.3)
+        assert srv.proc.wait(60) == 1, srv.log()
+    finally:
+        srv.stop()
+    assert MAX_FRONTEND_FAILURES <= len(killed) <= MAX_FRONTEND_FAILURES + 1
+    assert "front end 0 keeps failing at start-up" in srv.log()
