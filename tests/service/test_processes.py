@@ -385,19 +385,20 @@ def test_a_front_end_that_keeps_dying_at_start_up_stops_the_server(
 
     srv = start_server(tmp_path, tiny_model, workers=1)
     killed: list[int] = []
+
+    def new_front_ends() -> list[int]:
+        try:
+            return [p for p in _children(srv.proc.pid)["frontend"] if p not in killed]
+        except FileNotFoundError:  # the supervisor has exited
+            return []
+
     try:
         while srv.proc.poll() is None and len(killed) <= MAX_FRONTEND_FAILURES + 1:
-            _wait_until(
-                lambda: (
-                    srv.proc.poll() is not None
-                    or any(p not in killed for p in _children(srv.proc.pid)["frontend"])
-                ),
-                30,
-                "a new front end",
-            )
-            if srv.proc.poll() is not None:
+            _wait_until(lambda: srv.proc.poll() is not None or bool(new_front_ends()), 30,
+                        "a new front end")  # fmt: skip
+            if not (fresh := new_front_ends()):
                 break
-            victim = next(p for p in _children(srv.proc.pid)["frontend"] if p not in killed)
+            victim = fresh[0]
             os.kill(victim, signal.SIGKILL)  # at once: it has not settled
             killed.append(victim)
             time.sleep(0.3)
