@@ -30,7 +30,7 @@ class ImageHeader(NamedTuple):
     """What an image's header says it decodes to, read without decoding it."""
 
     format: str  # "png" | "gif" | "jpeg" | "webp"
-    width: int
+    width: int  # GIF: the larger of the canvas and its largest frame
     height: int
     frames: int = 1  # GIF: every frame is decoded, each to the full canvas
     components: int = 0  # JPEG: colour components (4: CMYK/YCCK); 0 where not read
@@ -41,48 +41,70 @@ class ImageHeader(NamedTuple):
         return self.frames * self.width * self.height
 
 
-def _gif_frames(data: bytes) -> int | None:
-    """Image descriptors in a GIF (each decodes to a whole canvas), walking its blocks
-    (GIF89a spec §§ 17–27); None when a block is not one a GIF may hold (the decoder would fail
-    too). A file cut short counts the frames it holds."""
+#: Data sub-blocks a GIF's header walk reads at most. A legitimate 8 MiB GIF holds ~33,000 (255
+#: bytes each); one of 1-byte sub-blocks holds millions and held the interpreter 0.5 s per image.
+GIF_MAX_SUB_BLOCKS = 200_000
+
+
+class _GifWalk(NamedTuple):
+    frames: int
+    width: int  # the widest of the canvas and every frame
+    height: int
+
+
+def _gif_walk(data: bytes) -> _GifWalk | None:
+    """Frames in a GIF and the largest frame, walking its blocks (GIF89a spec §§ 17–27). The
+    decoder writes every frame at the larger of the canvas and the frame's own size (giflib keeps
+    each frame's buffer too): a 1×1 canvas can hold 4096×4096 frames. A block a GIF may not hold
+    ends the walk (the decoder stops there too, after the frames before it); a file cut short
+    counts the frames it holds. None past :data:`GIF_MAX_SUB_BLOCKS`."""
+    budget = GIF_MAX_SUB_BLOCKS
+    n = len(data)
 
     def skip_sub_blocks(i: int) -> int:
-        while i < len(data) and data[i]:
+        nonlocal budget
+        while i < n and data[i]:
             i += data[i] + 1
+            budget -= 1
+            if budget < 0:
+                return n + 1
         return i + 1
 
+    width, height = struct.unpack("<HH", data[6:10])
     i, frames = 13, 0
     if data[10] & 0x80:  # global colour table
         i += 3 << ((data[10] & 7) + 1)
-    while i < len(data):
+    while i < n:
         block = data[i]
-        if block == 0x3B:  # trailer
-            break
         if block == 0x21:  # extension: label, then sub-blocks
             i = skip_sub_blocks(i + 2)
-        elif block == 0x2C:  # image descriptor: 9 bytes, a local colour table, LZW size, data
-            if i + 10 > len(data):
-                break
+        elif block == 0x2C and i + 10 <= n:  # image descriptor, local colour table, LZW, data
             frames += 1
+            w, h = struct.unpack("<HH", data[i + 5 : i + 9])
+            width, height = max(width, w), max(height, h)
             packed = data[i + 9]
             i += 10 + ((3 << ((packed & 7) + 1)) if packed & 0x80 else 0)
             i = skip_sub_blocks(i + 1)
-        else:
+        else:  # the trailer, a descriptor cut short, or a block no GIF holds
+            break
+        if budget < 0:
             return None
-    return max(frames, 1)
+    return _GifWalk(max(frames, 1), width, height)
 
 
 def read_header(data: bytes) -> ImageHeader | None:
     """The format, size and (GIF) frame count of a PNG, GIF, JPEG or WebP, the formats
     :func:`torchvision.io.decode_image` decodes, from their headers; None for anything else, or a
-    header too short or malformed to say (the decoder refuses those)."""
+    header too short or malformed to say (the decoder refuses those). ``ValueError`` for a GIF
+    too costly to walk (:data:`GIF_MAX_SUB_BLOCKS`)."""
     if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
         w, h = struct.unpack(">II", data[16:24])
         return ImageHeader("png", w, h)
     if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 13:
-        w, h = struct.unpack("<HH", data[6:10])
-        frames = _gif_frames(data)
-        return None if frames is None else ImageHeader("gif", w, h, frames)
+        walk = _gif_walk(data)
+        if walk is None:
+            raise ValueError(f"a GIF of over {GIF_MAX_SUB_BLOCKS} data blocks; re-encode it")
+        return ImageHeader("gif", walk.width, walk.height, walk.frames)
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP" and len(data) >= 30:
         chunk = data[12:16]
         if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a":  # lossy: key frame header
@@ -128,7 +150,10 @@ def check_image_bytes(data: bytes, index: int, settings: Settings) -> ImageHeade
             f"image {index} is {len(data)} bytes, over the limit of {settings.max_image_bytes} "
             "bytes (VGE_MAX_IMAGE_BYTES)"
         )
-    header = read_header(data)
+    try:
+        header = read_header(data)
+    except ValueError as exc:
+        raise BadInput(f"image {index} is not decoded: {exc}") from None
     if header is not None and header.pixels > settings.max_image_pixels:
         frames = f" in {header.frames} frames" if header.frames > 1 else ""
         raise PayloadTooLarge(
@@ -198,9 +223,10 @@ def _decode_into(
         np.copyto(
             out, conform_one(decode_one(data, index, settings), index, channels, size).numpy()
         )
-    except Exception as exc:
-        # Without its traceback: that would keep decode_one's frame, and the decoded image in
-        # it, alive for as long as the request's other images take to decode.
+    except (BadInput, PayloadTooLarge) as exc:
+        # Without its traceback and context: they would keep decode_one's frame, and the decoded
+        # image in it, alive for as long as the request's other images take to decode.
+        exc.__context__ = None
         raise exc.with_traceback(None) from None
 
 
@@ -218,7 +244,10 @@ def _decode_inline(blobs: list[bytes]) -> bool:
         return False
     pixels = 0
     for b in blobs:
-        header = read_header(b)
+        try:
+            header = read_header(b)
+        except ValueError:
+            return False  # refused in the thread pool, with the image's index
         if header is None:  # the decoder refuses it at once (or it is tiny anyway)
             continue
         pixels += header.pixels

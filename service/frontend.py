@@ -129,4 +129,7 @@ def frontend_main(
         access_log=False,
         lifespan="on",
     )
-    FrontendServer(config, app.state.service).run(sockets=[sock])
+    server = FrontendServer(config, app.state.service)
+    server.run(sockets=[sock])
+    if not server.started:  # start-up failed (uvicorn logged why): an error status, so the
+        raise SystemExit(3)  # supervisor tells a failing front end from a killed one

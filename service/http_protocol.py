@@ -102,7 +102,12 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         if self.lingering or self._real.is_closing() or not self._awaiting_client:
             return
         left = self._last_read + self.client_timeout_s - self.loop.time()
-        if left > 0 or self.flow.read_paused:  # read_paused: the server stopped reading, not them
+        cycle = self.cycle
+        # A request received whole and not answered yet is the server's to answer, whatever
+        # arrives meanwhile (a pipelined request's first bytes): the clock waits for the answer.
+        answering = cycle is not None and not cycle.more_body and not cycle.response_complete
+        # read_paused: the server stopped reading, not the client.
+        if left > 0 or self.flow.read_paused or answering:
             self._client_timer = self.loop.call_later(max(left, 0.0) or self.client_timeout_s,
                                                       self._client_clock)  # fmt: skip
             return
@@ -137,7 +142,9 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         self._linger_timer = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
 
     def on_message_begin(self) -> None:
-        self._awaiting_client = True  # a pipelined request may begin after one completed
+        self._awaiting_client = True  # the next request has begun (not a stray CRLF between)
+        if self._client_timer is None:
+            self._client_timer = self.loop.call_later(self.client_timeout_s, self._client_clock)
         super().on_message_begin()
 
     def on_message_complete(self) -> None:
@@ -161,8 +168,7 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         if self.lingering:
             return  # the rest of a body nobody will read
         self._last_read = self.loop.time()
-        self._awaiting_client = True  # until on_message_complete (maybe within this call)
-        if self._client_timer is None:
+        if self._client_timer is None and self._awaiting_client:
             self._client_timer = self.loop.call_later(self.client_timeout_s, self._client_clock)
         super().data_received(data)
 

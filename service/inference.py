@@ -68,7 +68,7 @@ async def predict_tensor(
     a = x.numpy()
     region = state.engine.allocate(str(a.dtype), a.shape)
     np.copyto(region.array, a)
-    columns = await _score(state, model, region, options, timeout_s)
+    columns = await _score(state, model, region, options, timeout_s, record=False)
     if a.dtype == np.float32 and not np.isfinite(columns.data).all():
         bad = int(np.flatnonzero(~np.isfinite(columns.data).all(axis=1))[0])
         raise InvalidValue(
@@ -76,6 +76,7 @@ async def predict_tensor(
             f"{float(a[bad].min()):.3g} to {float(a[bad].max()):.3g}) overflow the forward "
             "pass. FP32 input is the normalised image; send raw pixels as UINT8 instead"
         )
+    state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
     return columns
 
 
@@ -85,8 +86,12 @@ async def _score(
     region: object,
     options: ScoreOptions,
     timeout_s: float | None,
+    *,
+    record: bool = True,
 ) -> ScoreColumns:
+    """The engine's columns for the request in ``region``; ``record``: count them as served."""
     timeout = timeout_s if timeout_s is not None else state.settings.request_timeout_s
     columns = await state.engine.infer(model, region, options, timeout)  # type: ignore[arg-type]
-    state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
+    if record:
+        state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
     return columns

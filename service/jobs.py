@@ -458,17 +458,11 @@ class JobManager:
 
 def _check_device(device: str | None) -> None:
     """A job's ``device`` must exist on this server (422 at submission, not a failed job later)."""
-    if device is None:
-        return
-    import torch
+    from models.training.runtime import check_device
 
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        count = torch.cuda.device_count()
-        if count == 0 or (dev.index or 0) >= count:
-            raise InvalidValue(
-                f"invalid training config: device {device!r} is not on this server "
-                f"({count} CUDA device(s)); leave device out to use the server's"
-            )
-    elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise InvalidValue(f"invalid training config: device {device!r} is not on this server")
+    try:
+        check_device(device)
+    except ValueError as exc:
+        raise InvalidValue(
+            f"invalid training config: {exc}; leave device out to use the server's"
+        ) from None

@@ -160,6 +160,20 @@ class ReviewStore:
         self.lease_s = lease_s
         db.script(SCHEMA)
         db.add_column("reviews", "size", "BIGINT NOT NULL DEFAULT 0")  # queues before 0.3
+        self._fill_sizes()
+
+    def _fill_sizes(self) -> None:
+        """Pending items of a queue from before the byte bound have size 0: count them at their
+        images' sizes, so the bound sees what they hold (once; then no row has size 0)."""
+        rows = self.db.fetchall(
+            "SELECT id, sha256 FROM reviews WHERE state = 'pending' AND size = 0"
+        )
+        for r in rows:
+            try:
+                size = self.blobs.path(r["sha256"]).stat().st_size
+            except OSError:
+                continue
+            self.db.execute("UPDATE reviews SET size = ? WHERE id = ?", (size, r["id"]))
 
     # ------------------------------------------------------------------ queueing
     def enqueue(

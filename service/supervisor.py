@@ -53,8 +53,9 @@ log = logging.getLogger("vge.supervisor")
 
 #: An engine that dies this many times in a row without becoming ready stops the server.
 MAX_ENGINE_FAILURES = 3
-#: A front end that dies this many times in a row, each time within FRONTEND_SETTLE_S of its
-#: start, is failing at start-up, not being killed: the server stops instead of restarting it
+#: A front end that fails this many times in a row, each time within FRONTEND_SETTLE_S of its
+#: start and with an error status (not killed by a signal: an OOM kill caused by a request is no
+#: reason to stop the server), is failing at start-up: the server stops instead of restarting it
 #: twice a second for good.
 MAX_FRONTEND_FAILURES = 5
 FRONTEND_SETTLE_S = 10.0
@@ -226,7 +227,9 @@ class Supervisor:
         from service.metrics import Metrics
 
         self._metrics = Metrics()
-        self.frontends = [self.start_frontend(i) for i in range(self.n_workers)]
+        self.frontends = []  # filled one by one: cleanup() stops those started if one fails
+        for i in range(self.n_workers):
+            self.frontends.append(self.start_frontend(i))
         print(
             f"vge serve: {self.n_workers} front end(s) + 1 engine; listening on "
             f"http://{self.settings.host}:{self.port}",
@@ -249,7 +252,8 @@ class Supervisor:
                               proc.exitcode)  # fmt: skip
                     self._dead(proc.pid, "frontend")
                     early = time.monotonic() - started[i] < FRONTEND_SETTLE_S
-                    early_deaths[i] = early_deaths[i] + 1 if early else 0
+                    failed = (proc.exitcode or 0) > 0  # < 0: killed by a signal
+                    early_deaths[i] = early_deaths[i] + 1 if early and failed else 0
                     if early_deaths[i] >= MAX_FRONTEND_FAILURES:
                         print(f"vge serve: error: front end {i} keeps failing at start-up (see "
                               "the log above); stopping", file=sys.stderr)  # fmt: skip

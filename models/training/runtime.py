@@ -31,6 +31,21 @@ class Runtime:
         return self.rank == 0
 
 
+def check_device(device: str | None) -> None:
+    """Raise ``ValueError`` unless ``device`` (None: the default) exists on this machine: checked
+    before training, not found out by torch mid-run (a CUDA build says "no NVIDIA driver", a CPU
+    build fails an assertion)."""
+    if device is None:
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0 or (dev.index or 0) >= count:
+            raise ValueError(f"device {device!r} is not on this machine ({count} CUDA device(s))")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} is not on this machine")
+
+
 def _distributed() -> tuple[int, int, int]:
     """(rank, world_size, local_rank) from the torchrun environment."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -46,11 +46,14 @@ def check_output_dir(path: Path) -> None:
     """Raise :class:`CliError` unless ``path`` can be a directory this process writes: checked
     before the work, not found out when the results are saved (``vge train`` would have trained
     for nothing)."""
-    if path.exists() and not path.is_dir():
-        raise CliError(f"{path}: exists and is not a directory")
     existing = path
-    while not existing.exists():  # the directory that would hold it
-        existing = existing.parent
+    try:
+        if path.exists() and not path.is_dir():
+            raise CliError(f"{path}: exists and is not a directory")
+        while not existing.exists():  # the directory that would hold it
+            existing = existing.parent
+    except OSError as exc:  # e.g. a parent that cannot be searched
+        raise CliError(f"{path}: cannot create or write it ({exc.strerror or exc})") from None
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise CliError(
             f"{path}: cannot create or write it ({existing} is not a writable directory)"
@@ -65,10 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"vge {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # e.g. `vge score big.npy | head -1`: the reader has gone, quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush does not fail
-        return 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -73,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(f"{args.input}: {exc}") from None
     out = sys.stdout
-    for record in scores.to_records():
-        out.write(json.dumps(record) + "\n")
+    try:
+        for record in scores.to_records():
+            out.write(json.dumps(record) + "\n")
+        out.flush()
+    except BrokenPipeError:  # e.g. `vge score big.npy | head -1`: the reader has gone, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # the exit's flush must not fail
+        return 1
     return 0

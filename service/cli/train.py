@@ -82,6 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from models.training import load_config, train
+    from models.training.runtime import check_device
 
     overrides: dict[str, Any] = {f: getattr(args, f) for _, f, _, _ in _FLAGS}
     overrides["vgn"] = args.vgn
@@ -109,10 +110,14 @@ def run(args: argparse.Namespace) -> int:
 
     check_output_dir(args.out)
     try:
+        check_device(config.device)
+    except ValueError as exc:
+        raise CliError(f"--device: {exc}") from None
+    try:
         out = train(config, args.out, on_event=on_event)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         # ValueError: dataset not found / downloads off; FileNotFoundError: an ImageFolder without
-        # class folders; RuntimeError: a device this machine lacks (--device cuda without a GPU)
+        # class folders; RuntimeError: torch refusing the run (its first line says why)
         raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     except OSError as exc:
         raise CliError(f"{args.out}: cannot write the model ({exc.strerror or exc})") from None

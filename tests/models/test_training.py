@@ -283,7 +283,8 @@ def test_cli_mistakes_found_before_or_during_training_exit_2(tmp_path):
     for args, words in (
         (["--out", str(tmp_path / "a-file" / "o")], "is not a writable directory"),
         (["--out", str(tmp_path / "a-file")], "exists and is not a directory"),
-        (["--out", str(tmp_path / "o"), "--device", "cuda"], "NVIDIA"),
+        (["--out", str(tmp_path / "o"), "--device", "cuda"],
+         "--device: device 'cuda' is not on this machine (0 CUDA device(s))"),
         (["--out", str(tmp_path / "o"), "--dataset", f"imagefolder:{tmp_path / 'empty'}"],
          "class"),
     ):  # fmt: skip

@@ -112,16 +112,42 @@ def test_a_gif_is_sized_by_every_frame_it_decodes() -> None:
     assert img.shape == (3, 30, 40) and int(img.max()) == 0
 
     # Hand-built: frames of one pixel each on a big canvas (what a GIF bomb looks like).
+    bomb = _gif((1000, 1000), [(1, 1)] * 200)
+    assert read_header(bomb) == ("gif", 1000, 1000, 200, 0)
+    with pytest.raises(PayloadTooLarge, match="in 200 frames"):
+        decode_one(bomb, 0, Settings())
+
+
+def _gif(canvas: tuple[int, int], frames: list[tuple[int, int]], tail: bytes = b"\x3b") -> bytes:
+    """A GIF with a 2-colour table, each frame's descriptor of the given size and one LZW code."""
     import struct
 
-    bomb = bytearray(b"GIF89a" + struct.pack("<HH", 1000, 1000) + b"\x80\x00\x00" + bytes(6))
-    for i in range(200):
-        bomb += b"\x21\xf9\x04\x00\x00\x00\x00\x00"  # graphic control extension
-        bomb += b"\x2c" + struct.pack("<HHHH", i, 0, 1, 1) + b"\x00\x02\x02\x44\x01\x00"
-    bomb += b"\x3b"
-    assert read_header(bytes(bomb)) == ("gif", 1000, 1000, 200, 0)
-    with pytest.raises(PayloadTooLarge, match="in 200 frames"):
-        decode_one(bytes(bomb), 0, Settings())
+    out = bytearray(b"GIF89a" + struct.pack("<HH", *canvas) + b"\x80\x00\x00" + bytes(6))
+    for i, (w, h) in enumerate(frames):
+        out += b"\x21\xf9\x04\x00\x00\x00\x00\x00"  # graphic control extension
+        out += b"\x2c" + struct.pack("<HHHH", i % 2, 0, w, h) + b"\x00\x02\x02\x44\x01\x00"
+    return bytes(out + tail)
+
+
+def test_a_gif_is_sized_by_its_largest_frame_and_walked_within_bounds() -> None:
+    """The decoder writes each frame at the larger of the canvas and the frame: a 1×1 canvas with
+    3000×3000 frames passed as one pixel (40 such frames took 2.6 s and 338 MB to decode). A
+    block no GIF holds ends the walk with the frames before it (the decoder decodes those, then
+    fails), and a walk over too many data sub-blocks is refused instead of holding the
+    interpreter."""
+    from service.decode import GIF_MAX_SUB_BLOCKS, check_image_bytes, read_header
+    from service.errors import PayloadTooLarge
+
+    small_canvas = _gif((1, 1), [(1, 1), (3000, 3000)])
+    assert read_header(small_canvas) == ("gif", 3000, 3000, 2, 0)
+    with pytest.raises(PayloadTooLarge, match="3000x3000 pixels in 2 frames"):
+        check_image_bytes(small_canvas, 0, Settings())
+    junk = _gif((100, 100), [(1, 1)] * 3, tail=b"\x99" + _gif((1, 1), [(4000, 4000)] * 9)[13:])
+    assert read_header(junk) == ("gif", 100, 100, 3, 0)
+    many = bytearray(_gif((1, 1), [(1, 1)], tail=b""))
+    many += b"\x21\xfe" + b"\x01x" * (GIF_MAX_SUB_BLOCKS + 1) + b"\x00\x3b"  # comment blocks
+    with pytest.raises(BadInput, match="image 0 is not decoded: a GIF of over 200000 data blocks"):
+        check_image_bytes(bytes(many), 0, Settings())
 
 
 def test_a_cmyk_jpeg_decodes_to_its_picture_not_its_inks() -> None:
@@ -151,7 +177,6 @@ def test_a_failed_decode_does_not_keep_its_image_alive(monkeypatch: pytest.Monke
     """The error raised for an image carries no traceback into the decoder's frame, where the
     decoded tensor lived: a request's failed images must not hold their memory while the others
     decode (with the traceback kept, 64 decompression bombs held 64 decoded images at once)."""
-    import gc
     import weakref
 
     import service.decode as decode
@@ -163,12 +188,32 @@ def test_a_failed_decode_does_not_keep_its_image_alive(monkeypatch: pytest.Monke
         raise BadInput("refused after decoding")
 
     monkeypatch.setattr(decode, "conform_one", refuse_after_decoding)
+    _check_released(decode, refs)
+
+    def refuse_while_handling(img, index, channels, size):  # as conform_one does: in an except
+        refs.append(weakref.ref(img))
+        try:
+            raise ValueError("not convertible")
+        except ValueError:
+            raise BadInput("refused while handling another error") from None
+
+    refs.clear()
+    monkeypatch.setattr(decode, "conform_one", refuse_while_handling)
+    _check_released(decode, refs)
+
+
+def _check_released(decode, refs) -> None:  # noqa: ANN001
+    """Decode one image through ``decode._decode_into`` (whose conform step refuses it) and
+    check that the decoded tensor is gone once the error is raised."""
+    import gc
+
     with pytest.raises(BadInput) as err:
         decode._decode_into(_noise_png(7), 0, np.zeros((1, 28, 28), np.uint8), 1, (28, 28),
                             Settings())  # fmt: skip
     gc.collect()
     assert refs and refs[0]() is None, "the decoded image is still referenced"
     assert err.value.__traceback__ is not None  # only _decode_into's own frame
+    assert err.value.__context__ is None
 
 
 def test_images_that_decode_large_are_not_decoded_on_the_event_loop() -> None:

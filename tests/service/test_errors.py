@@ -175,7 +175,7 @@ def test_admin_errors(server: Server) -> None:
         _error(c.post("/v1/training-jobs", json={"name": "/tmp/evil"}), 422, "name")
         if not torch.cuda.is_available():  # a device the server does not have: refused at once
             _error(
-                c.post("/v1/training-jobs", json={"device": "cuda:7"}), 422, "not on this server"
+                c.post("/v1/training-jobs", json={"device": "cuda:7"}), 422, "not on this machine"
             )
 
 

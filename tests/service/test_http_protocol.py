@@ -1,7 +1,7 @@
 """service.http_protocol on a real uvicorn (in a thread, on loopback) with a small ASGI app.
 
 The app answers ``/early-close`` with a 413 and ``Connection: close`` without reading the body (as
-the body cap does), ``/early`` with a keep-alive 400 without reading it, ``/slow`` 1.2 s after
+the body cap does), ``/early`` with a keep-alive 400 without reading it, ``/slow`` 2.5 s after
 reading the body, and anything else after reading the body. The server's open connections are read from uvicorn's own state.
 """
 
@@ -29,7 +29,7 @@ async def _app(scope, receive, send) -> None:  # noqa: ANN001
         while (await receive()).get("more_body"):
             pass
         if scope["path"] == "/slow":
-            await asyncio.sleep(1.2)
+            await asyncio.sleep(2.5)
         status, headers = 200, []
     body = b'{"ok": false}' if status != 200 else b'{"ok": true}'
     headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
@@ -133,8 +133,8 @@ def test_keep_alive_requests_are_served_as_before(server: _Server) -> None:
 
 @pytest.fixture
 def impatient() -> Iterator[_Server]:
-    """The server with a 0.5 s client timeout."""
-    srv = _Server(FrontendHttpProtocol.configured(client_timeout_s=0.5))
+    """The server with a 1 s client timeout."""
+    srv = _Server(FrontendHttpProtocol.configured(client_timeout_s=1.0))
     yield srv
     srv.server.should_exit = True
     srv.thread.join(10)
@@ -169,11 +169,11 @@ def test_a_connection_that_never_sends_is_closed(impatient: _Server) -> None:
 
 def test_a_slow_but_steady_client_is_served(impatient: _Server) -> None:
     """The timeout is between bytes, not for the whole request: a body that keeps coming, a
-    byte every 0.2 s for 1.6 s (over three times the timeout), is read and answered."""
+    byte every 0.25 s for 2.5 s (over twice the timeout), is read and answered."""
     with impatient.connect() as sock:
-        sock.sendall(b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 8\r\n\r\n")
-        for _ in range(8):
-            time.sleep(0.2)
+        sock.sendall(b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n")
+        for _ in range(10):
+            time.sleep(0.25)
             sock.sendall(b"x")
         answer = b""
         while not answer.endswith(b'{"ok": true}'):
@@ -183,9 +183,10 @@ def test_a_slow_but_steady_client_is_served(impatient: _Server) -> None:
 
 def test_the_clock_stops_while_a_request_is_answered(impatient: _Server) -> None:
     """A complete request is the server's to answer however long that takes: ``/slow`` answers
-    after 1.2 s, over twice the client timeout, with a 200 and no 408."""
+    after 2.5 s, over twice the client timeout, with a 200 and no 408, also with bytes after
+    the request that begin none (a stray CRLF, which HTTP allows between requests)."""
     with impatient.connect() as sock:
-        sock.sendall(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+        sock.sendall(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n\r\n")
         answer = b""
         while not answer.endswith(b'{"ok": true}'):
             chunk = sock.recv(65536)

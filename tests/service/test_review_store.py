@@ -105,9 +105,15 @@ def test_a_queue_from_before_the_byte_bound_gets_its_size_column(tmp_path: Path)
             "prediction, vgmu, answer, classes) VALUES ('a', 1, 'm', '1', 'x', 'image/png', '3', "
             "0.5, '{}', '[]')"
         )
-    store = make_store(f"sqlite:///{path}", tmp_path)
+    (tmp_path / "blobs" / "ab").mkdir(parents=True)
+    (tmp_path / "blobs" / "ab" / "abcd").write_bytes(b"\0" * 2500)  # item a's image
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE reviews SET sha256 = 'abcd' WHERE id = 'a'")
+    store = ReviewStore(Database(f"sqlite:///{path}"), tmp_path / "blobs", max_items=100,
+                        lease_s=60.0, max_bytes=3000)  # fmt: skip
     assert store.pending_count() == 1
-    assert queue(store, PNG + b"new").status == "queued"
+    assert queue(store, PNG + b"new").status == "queued"  # 2,500 + 17 bytes
+    assert queue(store, PNG + b"x" * 600).status == "queue_full"  # item a's image counts
 
 
 def test_list_orders_and_paginates(db_url: str, tmp_path: Path) -> None:
