@@ -226,3 +226,18 @@ def test_images_that_decode_large_are_not_decoded_on_the_event_loop() -> None:
     assert len(blank) < INLINE_DECODE_BYTES
     assert not _decode_inline([blank]) and _decode_inline([digit] * 64)
     assert not _decode_inline([_noise_png(i) for i in range(2)])  # over the byte bound
+
+
+def test_a_jpeg_is_sized_past_bytes_between_its_segments() -> None:
+    """Decoders skip stray bytes between JPEG segments, so the size check must find the frame
+    header past them too (it does so with a search for the next marker, not byte by byte)."""
+    from PIL import Image
+
+    from service.decode import check_image_bytes, read_header
+    from service.errors import PayloadTooLarge
+
+    jpeg = _pil_bytes(Image.new("L", (300, 200)), "JPEG")
+    padded = jpeg[:2] + b"\0" * 1_000_000 + jpeg[2:]
+    assert read_header(padded) == ("jpeg", 300, 200, 1, 1)
+    with pytest.raises(PayloadTooLarge, match="300x200 pixels"):
+        check_image_bytes(padded, 0, Settings(max_image_pixels=59_999))
