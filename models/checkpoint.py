@@ -116,6 +116,19 @@ class ArchitectureSpec(BaseModel):
         """The architecture alone (from a config or a card)."""
         return ArchitectureSpec(**{f: getattr(self, f) for f in ArchitectureSpec.model_fields})
 
+    def check_buildable(self, num_classes: int, in_channels: int) -> None:
+        """Build this architecture on the meta device (no memory; milliseconds) and raise
+        ``ValueError`` naming what does not fit: ``backbone_kwargs`` the backbone does not take, a
+        per-class ``k`` with the wrong length. A training job checks this when it is submitted,
+        not minutes later in its own process."""
+        import torch
+
+        try:
+            with torch.device("meta"):
+                self.build(num_classes, in_channels)
+        except TypeError as exc:  # the backbone's constructor: an unexpected keyword argument
+            raise ValueError(f"backbone_kwargs do not fit {self.backbone}: {exc}") from None
+
     def build(self, num_classes: int, in_channels: int) -> nn.Module:
         """The (untrained) ensemble with this architecture."""
         from models.ensembles import build_ensemble

@@ -92,6 +92,28 @@ def parse_imagefolder(name: str) -> tuple[str, bool] | None:
     return (path, mixed) if path else None
 
 
+#: (classes, channels) of the datasets known by name (ImageFolder's come from its folders).
+DATASET_SHAPES: dict[str, tuple[int, int]] = {
+    "MNIST": (10, 1),
+    "FashionMNIST": (10, 1),
+    "SVHN": (10, 3),
+    "CIFAR10": (10, 3),
+    "CIFAR100": (100, 3),
+}
+
+
+def dataset_shape(name: str) -> tuple[int, int] | None:
+    """``(classes, channels)`` of dataset ``name`` without loading it, or None when only its data
+    can say (an ImageFolder; with ``+mnist-bundled`` the classes are MNIST's)."""
+    if name == "mnist-bundled":
+        return DATASET_SHAPES["MNIST"]
+    folder = parse_imagefolder(name)
+    if folder is not None:
+        return DATASET_SHAPES["MNIST"] if folder[1] else None
+    cls_name = TORCHVISION_NAMES.get(name.lower())
+    return DATASET_SHAPES[cls_name] if cls_name is not None else None
+
+
 @dataclass
 class DataBundle:
     """Train/validation/test datasets plus the metadata recorded in a model card."""
@@ -388,7 +410,11 @@ def _load_torchvision(
             full = cls(root=str(root), train=True, transform=tf, download=allow_download)
             test = cls(root=str(root), train=False, transform=tf, download=allow_download)
     except RuntimeError as e:
-        hint = "" if allow_download else " (downloads are off: pass allow_download=True, or --allow-download to vge train)"
+        hint = (
+            ""
+            if allow_download
+            else " (downloads are off: pass allow_download=True, or --allow-download to vge train)"
+        )
         raise ValueError(f"{cls_name} not found under {root}{hint}: {e}") from None
     labels = _targets(full)
     # validation: a fixed stratified 10% of the official training set; test: the official test set

@@ -77,3 +77,20 @@ def test_early_stopping_keeps_the_best_weights():
     assert (stop.best_epoch, stop.best_loss, stop.bad_epochs) == (1, 1.0, 2)
     stop.restore()
     assert torch.equal(model.weight, best)
+
+
+def test_check_buildable_names_what_does_not_fit() -> None:
+    """The architecture built on the meta device: what only the build can tell, told at once."""
+    import pytest
+
+    from models.data import dataset_shape
+
+    assert dataset_shape("mnist-bundled") == (10, 1) and dataset_shape("cifar100") == (100, 3)
+    assert dataset_shape("imagefolder:x") is None  # its folders say
+    assert dataset_shape("imagefolder:x+mnist-bundled") == (10, 1)
+    TrainConfig(backbone="resnet18", backbone_kwargs={"widths": (4, 8), "blocks": (1, 1)}
+                ).check_buildable(10, 3)  # fmt: skip
+    with pytest.raises(ValueError, match="backbone_kwargs do not fit lenet5: .*'depth'"):
+        TrainConfig(backbone_kwargs={"depth": 3}).check_buildable(10, 1)
+    with pytest.raises(ValueError, match="one value per class \\(100\\)"):
+        TrainConfig(vgn=True, k=[1.0] * 10).check_buildable(100, 3)

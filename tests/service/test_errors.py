@@ -168,6 +168,12 @@ def test_admin_errors(server: Server) -> None:
         _error(c.get("/v1/training-jobs/job-nope"), 404, "job-nope")
         _error(c.post("/v1/training-jobs", json={"epochs": 0}), 422, "epochs")
         _error(c.post("/v1/training-jobs", json={"backbone": "nope"}), 422, "backbone")
+        # what only building the model tells: refused at submission, not failed in the job
+        _error(c.post("/v1/training-jobs", json={"backbone_kwargs": {"foo": 1}}), 422,
+               "backbone_kwargs do not fit lenet5: lenet5() got an unexpected keyword argument "
+               "'foo'")  # fmt: skip
+        _error(c.post("/v1/training-jobs", json={"vgn": True, "k": [1.0, 2.0]}), 422,
+               "one value per class (10)")  # fmt: skip
         _error(c.post("/v1/training-jobs", json={"dataset": "imagefolder:../../etc"}), 422,
                "outside the data root")  # fmt: skip
         _error(c.post("/v1/training-jobs", json={"data_root": "/"}), 422, "data_root")
