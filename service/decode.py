@@ -14,7 +14,9 @@ import base64
 import binascii
 import re
 import struct
+from collections.abc import Callable
 from concurrent.futures import Executor
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -184,7 +186,14 @@ def read_mode(header: ImageHeader | None) -> ImageReadMode:
 
 def decode_one(data: bytes, index: int, settings: Settings) -> torch.Tensor:
     """Decode one encoded image to a uint8 (C, H, W) tensor, or raise a 4xx naming the problem."""
-    header = check_image_bytes(data, index, settings)
+    return _decode(data, check_image_bytes(data, index, settings), index, settings.max_image_pixels)
+
+
+def _decode(
+    data: bytes, header: ImageHeader | None, index: int, max_pixels: int | None
+) -> torch.Tensor:
+    """Decode an image whose ``header`` was checked: uint8 (C, H, W), the first frame of an
+    animation; ``max_pixels`` (None: no cap) catches a header that under-stated its size."""
     try:
         img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
                            mode=read_mode(header))  # fmt: skip
@@ -193,10 +202,10 @@ def decode_one(data: bytes, index: int, settings: Settings) -> torch.Tensor:
             f"image {index} could not be decoded (not an image, or corrupt/truncated): "
             f"{_clean(exc)}"
         ) from None
-    if img.numel() // img.shape[-3] > settings.max_image_pixels:  # a header that under-stated
+    if max_pixels is not None and img.numel() // img.shape[-3] > max_pixels:
         raise PayloadTooLarge(
             f"image {index} is {img.shape[-1]}x{img.shape[-2]} pixels, over the limit of "
-            f"{settings.max_image_pixels} decoded pixels (VGE_MAX_IMAGE_PIXELS)"
+            f"{max_pixels} decoded pixels (VGE_MAX_IMAGE_PIXELS)"
         )
     if img.ndim == 4:  # animated GIF: first frame
         img = img[0]
@@ -218,13 +227,13 @@ def conform_one(
 
 
 def _decode_into(
-    data: bytes, index: int, out: np.ndarray, channels: int, size: tuple[int, int],
-    settings: Settings,
+    decode: Callable[[], torch.Tensor], index: int, out: np.ndarray, channels: int,
+    size: tuple[int, int],
 ) -> None:  # fmt: skip
+    """Write image ``index``, as ``decode()`` gives it, conformed to the model's input into
+    ``out``."""
     try:
-        np.copyto(
-            out, conform_one(decode_one(data, index, settings), index, channels, size).numpy()
-        )
+        np.copyto(out, conform_one(decode(), index, channels, size).numpy())
     except (BadInput, PayloadTooLarge) as exc:
         # Without its traceback and context: they would keep decode_one's frame, and the decoded
         # image in it, alive for as long as the request's other images take to decode.
@@ -240,22 +249,16 @@ INLINE_DECODE_BYTES = 64 * 1024
 INLINE_DECODE_PIXELS = 256 * 256
 
 
-def _decode_inline(blobs: list[bytes]) -> bool:
-    """Whether ``blobs`` are small enough, encoded and decoded, to decode on the event loop."""
+def _decode_inline(blobs: list[bytes], settings: Settings) -> list[ImageHeader | None] | None:
+    """The checked headers of ``blobs`` (:func:`check_image_bytes`) when they are small enough,
+    encoded and decoded, to decode on the event loop; None otherwise (the decode threads check
+    them). Small payloads are cheap to check here, and so are checked once."""
     if sum(len(b) for b in blobs) > INLINE_DECODE_BYTES:
-        return False
-    pixels = 0
-    for b in blobs:
-        try:
-            header = read_header(b)
-        except ValueError:
-            return False  # refused in the thread pool, with the image's index
-        if header is None:  # the decoder refuses it at once (or it is tiny anyway)
-            continue
-        pixels += header.pixels
-        if pixels > INLINE_DECODE_PIXELS:
-            return False
-    return True
+        return None
+    headers = [check_image_bytes(b, i, settings) for i, b in enumerate(blobs)]
+    if sum(h.pixels for h in headers if h is not None) > INLINE_DECODE_PIXELS:
+        return None
+    return headers
 
 
 async def decode_into(
@@ -272,14 +275,24 @@ async def decode_into(
     an error, and another request may be given it at once.
     """
     channels, size = int(out.shape[1]), (int(out.shape[2]), int(out.shape[3]))
-    if _decode_inline(blobs):
-        for i, b in enumerate(blobs):
-            _decode_into(b, i, out[i], channels, size, settings)
+    headers = _decode_inline(blobs, settings)
+    if headers is not None:
+        cap = settings.max_image_pixels
+        for i, (b, header) in enumerate(zip(blobs, headers, strict=True)):
+            _decode_into(partial(_decode, b, header, i, cap), i, out[i], channels, size)
         return
     loop = asyncio.get_running_loop()
     every = asyncio.gather(
         *(
-            loop.run_in_executor(executor, _decode_into, b, i, out[i], channels, size, settings)
+            loop.run_in_executor(
+                executor,
+                _decode_into,
+                partial(decode_one, b, i, settings),
+                i,
+                out[i],
+                channels,
+                size,
+            )  # fmt: skip
             for i, b in enumerate(blobs)
         ),
         return_exceptions=True,
@@ -341,12 +354,4 @@ def to_png(data: bytes) -> bytes:
     """Re-encode an image (as stored in the review queue) as PNG, for ImageFolder exports."""
     from torchvision.io import encode_png
 
-    img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                       mode=read_mode(read_header(data)))  # fmt: skip
-    if img.ndim == 4:
-        img = img[0]
-    if img.dtype != torch.uint8:
-        from torchvision.transforms.v2.functional import to_dtype
-
-        img = to_dtype(img, torch.uint8, scale=True)
-    return bytes(encode_png(img).numpy())
+    return bytes(encode_png(_decode(data, read_header(data), 0, None)).numpy())

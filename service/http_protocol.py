@@ -93,7 +93,11 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         self._real = transport
         super().connection_made(_Transport(transport, self))  # type: ignore[arg-type]
         self._last_read = self.loop.time()
-        self._client_timer = self.loop.call_later(self.client_timeout_s, self._client_clock)
+        self._start_clock()
+
+    def _start_clock(self) -> None:
+        if self._client_timer is None:
+            self._client_timer = self.loop.call_later(self.client_timeout_s, self._client_clock)
 
     def _client_clock(self) -> None:
         """The client timeout's timer. ``data_received`` only notes the time (no timer per read);
@@ -111,7 +115,6 @@ class FrontendHttpProtocol(HttpToolsProtocol):
             self._client_timer = self.loop.call_later(max(left, 0.0) or self.client_timeout_s,
                                                       self._client_clock)  # fmt: skip
             return
-        cycle = self.cycle
         if cycle is None or not cycle.response_started:
             self._real.write(
                 raw_error_response(
@@ -143,8 +146,7 @@ class FrontendHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         self._awaiting_client = True  # the next request has begun (not a stray CRLF between)
-        if self._client_timer is None:
-            self._client_timer = self.loop.call_later(self.client_timeout_s, self._client_clock)
+        self._start_clock()
         super().on_message_begin()
 
     def on_message_complete(self) -> None:
@@ -167,9 +169,7 @@ class FrontendHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.lingering:
             return  # the rest of a body nobody will read
-        self._last_read = self.loop.time()
-        if self._client_timer is None and self._awaiting_client:
-            self._client_timer = self.loop.call_later(self.client_timeout_s, self._client_clock)
+        self._last_read = self.loop.time()  # the clock's only cost per read
         super().data_received(data)
 
     def eof_received(self) -> None:
@@ -189,12 +189,11 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         # httptools.parse_url refuses, is then a 414, not "User callback error").
         reason = sys.exc_info()[1]
         cause = reason.__context__ if reason is not None else None
-        status, code = 400, "bad_request"
         if isinstance(cause, HttpParserInvalidURLError) and "too long" in str(cause):
-            status, code, reason = 414, "uri_too_long", cause
-        detail = f"malformed HTTP request: {reason}" if reason else msg
-        if status == 414:
-            detail = f"request URL too long: {reason}"
+            status, code, detail = 414, "uri_too_long", f"request URL too long: {cause}"
+        else:
+            status, code = 400, "bad_request"
+            detail = f"malformed HTTP request: {reason}" if reason else msg
         self._real.write(
             raw_error_response(status, detail, code, self.server_state.default_headers)
         )

@@ -261,14 +261,10 @@ class JobManager:
             )
             raise InvalidValue(f"invalid training config: {msgs}") from None
         _check_device(cfg.device)
-        from models.data import dataset_shape
-
-        shape = dataset_shape(cfg.dataset)
-        if shape is not None:  # an ImageFolder's classes are known only in the job
-            try:
-                cfg.check_buildable(*shape)
-            except ValueError as exc:
-                raise InvalidValue(f"invalid training config: {exc}") from None
+        try:
+            cfg.check_architecture()
+        except ValueError as exc:
+            raise InvalidValue(f"invalid training config: {exc}") from None
         job_id = f"job-{uuid.uuid4().hex[:12]}"
         self.store.create(job_id, cfg.model_dump(mode="json"))
         log.info("job %s queued", job_id)

@@ -62,6 +62,15 @@ FRONTEND_SETTLE_S = 10.0
 ENGINE_START_TIMEOUT_S = 600.0
 
 
+def _probe_bind(host: str, port: int) -> None:
+    """Bind ``(host, port)`` without SO_REUSEPORT and let go: ``OSError`` (address in use) when
+    anything listens there, which a SO_REUSEPORT listener of ours would silently share."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+
+
 def die_with_parent() -> None:
     """In a child: be killed when the supervisor dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``).
 
@@ -114,10 +123,7 @@ class Supervisor:
 
         host, port = self.settings.host, self.settings.port
         if port:  # SO_REUSEPORT would share a port another server listens on: refuse that instead
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind((host, port))  # OSError (address in use) when anything listens there
+            _probe_bind(host, port)
         first = reuseport_socket(host, port)
         self.port = int(first.getsockname()[1])
         self.listeners = [first] + [
@@ -137,11 +143,8 @@ class Supervisor:
             from tritonclient.grpc import service_pb2_grpc  # noqa: F401
         except ImportError:
             return "VGE_GRPC_PORT is set but gRPC support is not installed: pip install 'vge-serve[grpc]'"
-        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
         try:
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind((settings.host, settings.grpc_port))
+            _probe_bind(settings.host, settings.grpc_port)
         except OSError as exc:
             return (
                 f"cannot listen on {settings.host}:{settings.grpc_port} for gRPC "

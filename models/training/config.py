@@ -115,6 +115,15 @@ class TrainConfig(ArchitectureSpec):
             return self.loss
         return "mixture" if self.vgn else "members"
 
+    def check_architecture(self) -> None:
+        """:meth:`check_buildable` for this config's dataset, when its classes and channels are
+        known without reading it (an ImageFolder's are not: its job finds out)."""
+        from models.data import dataset_shape
+
+        shape = dataset_shape(self.dataset)
+        if shape is not None:
+            self.check_buildable(*shape)
+
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.vgn and self.loss == "members":

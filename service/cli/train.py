@@ -81,7 +81,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.data import dataset_shape
     from models.training import load_config, train
     from models.training.runtime import check_device
 
@@ -114,12 +113,10 @@ def run(args: argparse.Namespace) -> int:
         check_device(config.device)
     except ValueError as exc:
         raise CliError(f"--device: {exc}") from None
-    shape = dataset_shape(config.dataset)
-    if shape is not None:  # an ImageFolder's classes are known once it is read
-        try:
-            config.check_buildable(*shape)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
+    try:
+        config.check_architecture()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     try:
         out = train(config, args.out, on_event=on_event)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 import pytest
@@ -208,8 +209,8 @@ def _check_released(decode, refs) -> None:  # noqa: ANN001
     import gc
 
     with pytest.raises(BadInput) as err:
-        decode._decode_into(_noise_png(7), 0, np.zeros((1, 28, 28), np.uint8), 1, (28, 28),
-                            Settings())  # fmt: skip
+        decode._decode_into(partial(decode.decode_one, _noise_png(7), 0, Settings()), 0,
+                            np.zeros((1, 28, 28), np.uint8), 1, (28, 28))  # fmt: skip
     gc.collect()
     assert refs and refs[0]() is None, "the decoded image is still referenced"
     assert err.value.__traceback__ is not None  # only _decode_into's own frame
@@ -224,8 +225,9 @@ def test_images_that_decode_large_are_not_decoded_on_the_event_loop() -> None:
     blank = bytes(encode_png(torch.zeros((1, 2048, 2048), dtype=torch.uint8)).numpy())
     digit = bytes(encode_png(torch.zeros((1, 28, 28), dtype=torch.uint8)).numpy())
     assert len(blank) < INLINE_DECODE_BYTES
-    assert not _decode_inline([blank]) and _decode_inline([digit] * 64)
-    assert not _decode_inline([_noise_png(i) for i in range(2)])  # over the byte bound
+    inline = partial(_decode_inline, settings=Settings())
+    assert inline([blank]) is None and inline([digit] * 64) is not None
+    assert inline([_noise_png(i) for i in range(2)]) is None  # over the byte bound
 
 
 def test_a_jpeg_is_sized_past_bytes_between_its_segments() -> None:
