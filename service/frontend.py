@@ -43,12 +43,19 @@ HTTP = "httptools" if _has("httptools") else "h11"
 def http_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
     """The HTTP protocol a front end's uvicorn runs: httptools with the service's changes
     (:mod:`service.http_protocol`: JSON 400 for non-HTTP bytes, lingering close, a 408 for
-    stalled clients after ``client_timeout_s``), else h11."""
+    stalled or slow clients, a 431 for heads over ``max_header_bytes``, a 503 past
+    ``max_connections``), else h11 (uvicorn's own limits only: the images install httptools)."""
     if HTTP != "httptools":
         return HTTP
     from service.http_protocol import FrontendHttpProtocol
 
-    return FrontendHttpProtocol.configured(client_timeout_s=settings.client_timeout_s)
+    return FrontendHttpProtocol.configured(
+        client_timeout_s=settings.client_timeout_s,
+        head_timeout_s=settings.head_timeout_s,
+        body_min_rate=settings.body_min_rate,
+        max_head_bytes=settings.max_header_bytes,
+        max_connections=settings.max_connections,
+    )
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:

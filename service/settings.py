@@ -49,6 +49,28 @@ class Settings(BaseSettings):
         description="Where training jobs write models and where promote looks them up.",
     )
     device: str = Field("auto", description="auto (GPU when present), cpu, cuda, cuda:N or mps.")
+    model_dir_explicit: bool = Field(
+        False,
+        description="Serve model_dir at this start even when the model history records another "
+        "served model (`vge serve --model-dir` sets it). Otherwise model_dir is the model of the "
+        "first start only: later starts restore the last started, promoted or rolled-back model.",
+    )
+    promote_max_accuracy_drop: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        0.01,
+        description="Promote gate: a candidate whose accuracy on the gate's digits (bundled "
+        "MNIST test split + held-out digits) is more than this below the served model's is "
+        "refused (409) unless the request says force.",
+    )
+    promote_max_accepted_accuracy_drop: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        0.005,
+        description="Promote gate: the same for the accuracy of the answers it does not defer, "
+        "each model at its own calibrated abstain_k.",
+    )
+    promote_max_deferral_rise: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        0.02,
+        description="Promote gate: a candidate deferring more than this share of the digits "
+        "above the served model's deferral rate is refused.",
+    )
 
     # --- batching ----------------------------------------------------------------------------
     max_batch_size: Annotated[int, Field(ge=0, le=4096)] = Field(
@@ -88,6 +110,60 @@ class Settings(BaseSettings):
     max_image_bytes: Annotated[int, Field(ge=64)] = 8 * 1024 * 1024
     max_image_pixels: Annotated[int, Field(ge=1)] = 4096 * 4096
     max_images: Annotated[int, Field(ge=1)] = 64
+    max_json_bytes: Annotated[int, Field(ge=1024)] = Field(
+        2 * 1024 * 1024,
+        description="Body limit of a V2 infer request's JSON (the whole body, or its JSON header "
+        "with the binary tensor extension): parsing JSON holds a front end's interpreter. "
+        "Large tensors go through the binary extension.",
+    )
+    max_small_body_bytes: Annotated[int, Field(ge=1024)] = Field(
+        64 * 1024,
+        description="Body limit of every route that takes no images or tensors (model admin, "
+        "training jobs, reviews).",
+    )
+    max_header_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = Field(
+        64 * 1024,
+        description="Request line plus headers at most; a longer head is a 431 and the "
+        "connection is closed.",
+    )
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        1024,
+        description="Open HTTP connections per front end; one more is answered 503 and closed.",
+    )
+    head_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        20.0,
+        description="A request head (request line and headers) must arrive within this long "
+        "(from the connection's opening, or a later request's first byte), else 408.",
+    )
+    body_min_rate: Annotated[float, Field(ge=0.0)] = Field(
+        500.0,
+        description="Bytes/s a request body must average once head_timeout_s has passed since "
+        "its head (its allowance is head_timeout_s + received / rate seconds), else 408; 0: off.",
+    )
+    grpc_max_concurrent_streams: Annotated[int, Field(ge=1, le=65536)] = Field(
+        100, description="gRPC: concurrent streams (RPCs) per HTTP/2 connection."
+    )
+    grpc_max_concurrent_rpcs: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        1024,
+        description="gRPC: RPCs a front end serves at once (from their headers on); more are "
+        "RESOURCE_EXHAUSTED.",
+    )
+    grpc_max_connection_idle_s: Annotated[float, Field(gt=0.0)] = Field(
+        300.0, description="gRPC: close a connection without RPCs for this long."
+    )
+    grpc_max_connection_age_s: Annotated[float, Field(gt=0.0)] = Field(
+        1800.0,
+        description="gRPC: ask a connection to go away after this long (clients reconnect).",
+    )
+    grpc_max_connection_age_grace_s: Annotated[float, Field(ge=0.0)] = Field(
+        30.0, description="gRPC: after the age, RPCs still running get this long, then the "
+        "connection is closed.",
+    )  # fmt: skip
+    grpc_call_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        60.0,
+        description="gRPC: a call's deadline on the server, from its headers to its answer "
+        "(receiving the request included), whatever deadline the client set; DEADLINE_EXCEEDED.",
+    )
 
     # --- processes ---------------------------------------------------------------------------
     workers: Annotated[int, Field(ge=0, le=256)] = Field(
@@ -169,6 +245,11 @@ class Settings(BaseSettings):
     jobs_dir: Path = Field(Path("var/jobs"), description="Per-job logs.")
     data_root: Path = Field(Path("var/data"), description="Root for datasets (ImageFolder, cache).")
     max_concurrent_jobs: Annotated[int, Field(ge=1, le=64)] = 1
+    max_queued_jobs: Annotated[int, Field(ge=0, le=1000)] = Field(
+        8,
+        description="Training jobs that may wait for a free slot (beyond max_concurrent_jobs "
+        "running); a submission past it is a 409 naming this limit.",
+    )
 
     # --- lifecycle ---------------------------------------------------------------------------
     drain_s: Annotated[float, Field(ge=0.0, le=3600.0)] = Field(

@@ -206,3 +206,148 @@ def test_a_url_over_64_kib_is_a_414(server: _Server) -> None:
     with server.connect() as sock:  # one under the limit is served
         sock.sendall(b"GET /read?" + b"a" * 60_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 200 ")
+
+
+# --- issue 24 item 7 and issue 28 item 2: bounded heads, whole-head and body-rate deadlines, a
+# connection cap. The stalls are also measured against a real server's /healthz in test_hardening.
+
+
+@pytest.fixture
+def strict() -> Iterator[_Server]:
+    """The server with a 1 s head deadline, a 1 KB/s body rate, 8 KiB heads, 3 connections."""
+    srv = _Server(
+        FrontendHttpProtocol.configured(
+            client_timeout_s=30.0, head_timeout_s=1.0, body_min_rate=1000.0,
+            max_head_bytes=8192, max_connections=3,
+        )
+    )  # fmt: skip
+    yield srv
+    srv.server.should_exit = True
+    srv.thread.join(10)
+
+
+def _json_error(answer: bytes, status: int, code: str) -> None:
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:200]
+    assert b'"code": "%s"' % code.encode() in answer and b"connection: close" in answer
+
+
+def test_a_head_over_the_limit_is_a_431_without_reading_the_rest(server: _Server) -> None:
+    """Default limit 64 KiB: a header block that keeps coming (it would be 50 MB) is answered 431
+    once 64 KiB (plus at most a read) are in; the client's further bytes are not parsed."""
+    sent = 0
+    with server.connect() as sock:
+        sock.sendall(b"GET /read HTTP/1.1\r\nhost: x\r\n")
+        line = b"x-pad: " + b"a" * 1000 + b"\r\n"
+        try:
+            while sent < 50_000_000:
+                sock.sendall(line * 64)
+                sent += len(line) * 64
+                sock.setblocking(False)
+                try:
+                    if sock.recv(1, socket.MSG_PEEK):
+                        break  # the answer is there
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = _until_eof(sock)
+    _json_error(answer, 431, "headers_too_large")
+    assert b"VGE_MAX_HEADER_BYTES" in answer
+    assert sent < 16_000_000, sent  # refused early (socket buffers hold a few MB), not at 50 MB
+
+
+def test_a_complete_head_is_measured_exactly(strict: _Server) -> None:
+    """A head sent whole with its body in one write: its own size counts, not the body's."""
+    body = b"x" * 50_000
+    with strict.connect() as sock:
+        head = b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body)
+        sock.sendall(head + body)  # 50 KB in one read, the head a few dozen bytes of it
+        answer = b""
+        while not answer.endswith(b'{"ok": true}'):
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+    with strict.connect() as sock:  # 8,300 bytes of headers and a body, in one write: a 431
+        sock.sendall(b"POST /read HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * 8300
+                     + b"\r\ncontent-length: 5\r\n\r\nhello")  # fmt: skip
+        _json_error(_until_eof(sock), 431, "headers_too_large")
+
+
+def test_a_slowloris_head_gets_a_408_at_its_deadline(strict: _Server) -> None:
+    """A header byte every 0.2 s keeps the gap rule (30 s here) happy for ever; the whole head
+    must be in within 1 s."""
+    start = time.monotonic()
+    with strict.connect() as sock:
+        sock.sendall(b"GET /read HTTP/1.1\r\nhost: x\r\n")
+        sock.settimeout(0.2)
+        answer = b""
+        while time.monotonic() - start < 5:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                sock.sendall(b"x")
+                continue
+            if not chunk:
+                break
+            answer += chunk
+    _json_error(answer, 408, "request_timeout")
+    assert b"VGE_HEAD_TIMEOUT_S" in answer
+    assert time.monotonic() - start < 2.0
+
+
+def test_a_body_below_the_minimum_rate_gets_a_408(strict: _Server) -> None:
+    """10 bytes every 0.2 s (50 B/s) against 1,000 B/s after a 1 s allowance."""
+    start = time.monotonic()
+    with strict.connect() as sock:
+        sock.sendall(b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n")
+        sock.settimeout(0.2)
+        answer = b""
+        while time.monotonic() - start < 5:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                sock.sendall(b"y" * 10)
+                continue
+            if not chunk:
+                break
+            answer += chunk
+    _json_error(answer, 408, "request_timeout")
+    assert b"VGE_BODY_MIN_RATE" in answer
+    assert time.monotonic() - start < 2.5
+
+
+def test_a_body_at_the_minimum_rate_is_served(strict: _Server) -> None:
+    """4 KB every 0.2 s (20 KB/s) for 2 s, twice the allowance: read and answered."""
+    with strict.connect() as sock:
+        sock.sendall(b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 40000\r\n\r\n")
+        for _ in range(10):
+            time.sleep(0.2)
+            sock.sendall(b"z" * 4000)
+        answer = b""
+        while not answer.endswith(b'{"ok": true}'):
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_connections_over_the_cap_get_a_503(strict: _Server) -> None:
+    held = [strict.connect() for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 5
+        while strict.open_connections() < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with strict.connect() as sock:
+            start = time.monotonic()
+            sock.sendall(b"GET /read HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = _until_eof(sock)
+            assert time.monotonic() - start < 0.5
+        _json_error(answer, 503, "too_many_connections")
+        assert b"retry-after: 1" in answer.lower() and strict.open_connections() == 3
+    finally:
+        for sock in held:
+            sock.close()
+    strict.wait_closed(within=3)
+    with strict.connect() as sock:  # below the cap again: served
+        sock.sendall(b"GET /read HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 200 ")
