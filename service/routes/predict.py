@@ -14,7 +14,7 @@ from service.decode import b64_images, multipart_images
 from service.deps import ServiceState, service_state
 from service.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.inference import predict_images, resolve_options
-from service.multipart import parse_form
+from service.multipart import INLINE_PARSE_BYTES, parse_form_async
 from service.reviews import ReviewPolicy, chosen_for_review, queue_answers
 from service.routes.direct import add_direct_route
 from service.routes.schemas import (
@@ -25,6 +25,7 @@ from service.routes.schemas import (
     ScoreResponse,
     error_responses,
 )
+from service.settings import Settings
 
 router = APIRouter(
     prefix="/v1", tags=["predict"], responses=error_responses(400, 413, 422, 503, 504)
@@ -89,6 +90,18 @@ def _invalid(exc: ValidationError) -> InvalidValue:
     return InvalidValue("; ".join(f"{name(e['loc'])}: {e['msg']}" for e in exc.errors()))
 
 
+def _predict_json(raw: bytes, settings: Settings) -> tuple[list[bytes], dict[str, Any]]:
+    """A /v1/predict JSON body's images (base64-decoded) and options, validated (a 400 or 422
+    naming the problem)."""
+    try:
+        parsed = PredictJSON.model_validate(parse_json(raw, "body"))
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    options = parsed.model_dump(exclude={"images"}, exclude_unset=True)
+    options = {k: v for k, v in options.items() if v is not None}  # null: not given
+    return b64_images(parsed.images, settings), options
+
+
 async def _read_payload(
     request: Request, state: ServiceState
 ) -> tuple[list[bytes], dict[str, Any]]:
@@ -97,21 +110,16 @@ async def _read_payload(
     settings = state.settings
     if ctype == "multipart/form-data":
         raw = await request.body()  # complete and capped (ServingMiddleware)
-        form = parse_form(
+        form = await parse_form_async(  # off the event loop when large; parts counted
             raw, request.headers["content-type"], max_files=settings.max_images, max_fields=64,
             file_field="images",
         )  # fmt: skip
         return multipart_images(form.files, settings), form.fields
     if ctype in ("application/json", ""):
         raw = await request.body()
-        body = parse_json(raw, "body")
-        try:
-            parsed = PredictJSON.model_validate(body)
-        except ValidationError as exc:
-            raise _invalid(exc) from None
-        options = parsed.model_dump(exclude={"images"}, exclude_unset=True)
-        options = {k: v for k, v in options.items() if v is not None}  # null: not given
-        return b64_images(parsed.images, settings), options
+        if len(raw) > INLINE_PARSE_BYTES:  # parsing holds the interpreter: not on the loop
+            return await asyncio.to_thread(_predict_json, raw, settings)
+        return _predict_json(raw, settings)
     raise BadInput(
         f"unsupported content type {ctype!r}: send multipart/form-data files or "
         'application/json {"images": ["<base64>", ...]}'

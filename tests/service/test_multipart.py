@@ -124,3 +124,62 @@ def test_limits_on_files_and_fields() -> None:
     with pytest.raises(BadInput, match="too many form fields: more than 2"):
         parse_form(body, ctype, max_files=2, max_fields=2)
     assert parse_form(body, ctype, max_files=1, max_fields=3).files == [("a.png", b"1")]
+
+
+def _empty_file_parts(n: int) -> bytes:
+    """``n`` empty, nameless file parts (a browser's file input left empty) and one PNG."""
+    empty = b'--b\r\nContent-Disposition: form-data; name="images"; filename=""\r\n\r\n\r\n'
+    png = b'--b\r\nContent-Disposition: form-data; name="images"; filename="a.png"\r\n\r\npng\r\n'
+    return empty * n + png + b"--b--\r\n"
+
+
+def test_every_part_counts_and_the_parser_stops_past_the_limit() -> None:
+    """Issue 28: empty file parts were skipped before any limit (422,535 of them in 30 MB were
+    parsed whole on the event loop). They count against max_parts (default files + fields), and
+    the parser stops at the first part over it: the time does not grow with the body."""
+    import time
+
+    form = parse_form(_empty_file_parts(19), CT, max_files=2, max_fields=2)
+    assert form.files == [("a.png", b"png")]  # a form's few empty inputs are still skipped
+    with pytest.raises(PayloadTooLarge, match=r"more than 20 in one request .*VGE_MAX_IMAGES"):
+        parse_form(_empty_file_parts(20), CT, max_files=2, max_fields=2)
+    with pytest.raises(PayloadTooLarge, match=r"more than 3 in one request"):
+        parse_form(_empty_file_parts(3), CT, max_files=2, max_fields=2, max_parts=3)
+    huge = _empty_file_parts(400_000)  # ~28 MB
+    start = time.perf_counter()
+    with pytest.raises(PayloadTooLarge, match="more than 144"):
+        parse_form(huge, CT, max_files=64, max_fields=64)
+    assert time.perf_counter() - start < 0.05  # stopped at part 145, not after 400,000
+
+
+def test_large_bodies_are_parsed_off_the_event_loop() -> None:
+    """parse_form_async parses bodies over INLINE_PARSE_BYTES in a worker thread, smaller ones
+    inline; the answers are the same."""
+    import asyncio
+    import threading
+
+    from service import multipart
+
+    threads: list[str] = []
+    real = multipart.parse_form
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    small = _empty_file_parts(1)
+    big = b'--b\r\nContent-Disposition: form-data; name="images"; filename="a.png"\r\n\r\n'
+    big += b"x" * (multipart.INLINE_PARSE_BYTES + 1) + b"\r\n--b--\r\n"
+
+    async def run() -> tuple[multipart.Form, multipart.Form]:
+        kw = {"max_files": 2, "max_fields": 2}
+        return (await multipart.parse_form_async(small, CT, **kw),
+                await multipart.parse_form_async(big, CT, **kw))  # fmt: skip
+
+    multipart.parse_form = spy  # type: ignore[assignment]
+    try:
+        a, b = asyncio.run(run())
+    finally:
+        multipart.parse_form = real  # type: ignore[assignment]
+    assert a.files == [("a.png", b"png")] and len(b.files[0][1]) == multipart.INLINE_PARSE_BYTES + 1
+    assert threads[0] == "MainThread" and threads[1] != "MainThread"
