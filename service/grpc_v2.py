@@ -181,9 +181,15 @@ async def start_grpc(state: ServiceState) -> Any:
         raise RuntimeError(
             "VGE_GRPC_PORT is set but gRPC support is not installed: pip install 'vge-serve[grpc]'"
         ) from exc
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 1)])
+    from service.grpc_limits import CallDeadline, server_options
+
+    settings = state.settings  # limits: no client holds the server (service/grpc_limits.py)
+    server = grpc.aio.server(
+        options=server_options(settings),
+        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
+        interceptors=[CallDeadline(settings.grpc_call_timeout_s)],
+    )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(make_servicer(state), server)
-    settings = state.settings
     server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
     await server.start()
     return server

@@ -1,8 +1,8 @@
 """The front end's one ASGI middleware: every HTTP request's bookkeeping in a single layer.
 
-Four jobs, each described on :class:`ServingMiddleware`: the body size cap, the request metrics,
-the drain marker and the arrival count of scoring requests (what the engine's adaptive batching
-reads). They were four middlewares; each ASGI layer costs a coroutine and its own ``send`` or
+Five jobs, each described on :class:`ServingMiddleware`: the key check of keyed routes, the body
+size caps, the request metrics, the drain marker and the arrival count of scoring requests (what
+the engine's adaptive batching reads). They were four middlewares; each ASGI layer costs a coroutine and its own ``send`` or
 ``receive`` wrapper on every request, and on the 2-core box one layer cost a FastAPI app ~8 µs of
 CPU per request even without contention (docs/benchmarks.md, "Reading the 2-core numbers").
 """
@@ -14,9 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import PayloadTooLarge, error_body
+from service.auth import KeyCheck, keyed_routes
+from service.errors import PayloadTooLarge, ServiceError, error_body
 
 #: Paths whose requests are not timed (the scrape itself).
 _UNTIMED = frozenset({"/metrics"})
@@ -37,10 +39,19 @@ class ServingMiddleware:
     """One layer around every HTTP request of a front end (``state``: its
     :class:`service.deps.ServiceState`):
 
-    * **Body cap.** A body over ``VGE_MAX_PAYLOAD_BYTES`` is refused with 413: by its
-      Content-Length before anything is read, or while it streams in (chunked). Then this layer
-      sends the 413 itself and raises :class:`BodyOverLimit` into the route to stop it; whatever
-      the route answers after that is dropped (FastAPI's own body parsing would call it a 400).
+    * **Keys first.** A request to a route that needs the API or reviewer key
+      (:func:`service.auth.keyed_routes`, read from the app's own dependencies) without the right
+      key is answered 401/403 here, before its body is read: a 30 MB JSON body to
+      ``POST /v1/training-jobs`` without a key was parsed (1.96 s, the front end's loop held)
+      before its 401. The route's dependency checks again (the same function).
+    * **Body caps.** A body over its route's cap is refused with 413: by its Content-Length
+      before anything is read, or while it streams in (chunked). Then this layer sends the 413
+      itself and raises :class:`BodyOverLimit` into the route to stop it; whatever the route
+      answers after that is dropped (FastAPI's own body parsing would call it a 400). The caps:
+      scoring routes ``VGE_MAX_PAYLOAD_BYTES``, except a V2 infer body that is all JSON (no
+      binary tensor extension) ``VGE_MAX_JSON_BYTES``; ``/v1/score`` ``VGE_MAX_SCORE_BYTES``;
+      every other route of the served app (admin, jobs, reviews) ``VGE_MAX_SMALL_BODY_BYTES``.
+      Wrapping an app that is not the served dispatcher (tests), every path has the first cap.
     * **Metrics.** ``vge_inflight_requests`` and ``vge_request_duration_seconds`` by route template,
       method and status (``/metrics`` itself untimed).
     * **Drain.** While the server drains (after SIGTERM) every response says ``Connection: close``:
@@ -71,7 +82,15 @@ class ServingMiddleware:
         # 413 by Content-Length), so its duration is labelled by endpoint, not "unmatched".
         self.template = template
         self.metrics = state.metrics
-        self.max_bytes: int = state.settings.max_payload_bytes
+        settings = state.settings
+        self.max_bytes: int = settings.max_payload_bytes
+        self.settings = settings
+        # The served FastAPI app behind the dispatcher (service.routes.direct.DirectDispatch):
+        # its keyed routes, and per-route caps. Another inner app (tests): neither.
+        served = getattr(app, "app", None)
+        self.keyed: list[KeyCheck] = keyed_routes(served) if served is not None else []
+        self.keyed_prefixes = tuple({k.prefix for k in self.keyed})
+        self.route_caps = served is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -99,15 +118,24 @@ class ServingMiddleware:
         if timed:
             metrics.inflight.inc()
         try:
+            path = scope["path"]
+            if self.keyed_prefixes and path.startswith(self.keyed_prefixes):
+                refused = self._check_key(scope)
+                if refused is not None:
+                    await self._refuse(marked_send, refused)
+                    return
+            scoring = self.scoring(scope["method"], path)
             length = _content_length(scope)
+            setting, hint = "VGE_MAX_PAYLOAD_BYTES", "send fewer or smaller images"
+            if self.route_caps:
+                limit, setting, hint = self._cap(scope, path, scoring, limit, setting, hint)
             if length > limit:
                 await self._reject(
                     marked_send,
                     f"request body of {length} bytes exceeds the limit of {limit} bytes "
-                    "(VGE_MAX_PAYLOAD_BYTES); send fewer or smaller images",
+                    f"({setting}); {hint}",
                 )
                 return
-            scoring = self.scoring(scope["method"], scope["path"])
             arrival = state.engine.arrival() if scoring else None
             counting = None  # the request's place in the arrival count, once inside `arrival`
             received = 0
@@ -118,7 +146,9 @@ class ServingMiddleware:
                 if message["type"] == "http.request":
                     received += len(message.get("body", b""))
                     if received > limit:
-                        text = f"request body exceeds the limit of {limit} bytes (VGE_MAX_PAYLOAD_BYTES)"
+                        text = (
+                            f"request body exceeds the limit of {limit} bytes ({setting}); {hint}"
+                        )
                         if not started:
                             await self._reject(marked_send, text)
                             capped = True
@@ -143,6 +173,58 @@ class ServingMiddleware:
                 metrics.request_duration.labels(
                     endpoint=endpoint, method=scope["method"], status=str(status)
                 ).observe(time.perf_counter() - start)
+
+    def _cap(
+        self, scope: Scope, path: str, scoring: bool, limit: int, setting: str, hint: str
+    ) -> tuple[int, str, str]:
+        """The body cap of this request's route, its setting and what to do instead."""
+        settings = self.settings
+        if scoring:
+            if path.startswith("/v2/") and not any(
+                name == b"inference-header-content-length" for name, _ in scope["headers"]
+            ):
+                return (settings.max_json_bytes, "VGE_MAX_JSON_BYTES",
+                        "send large tensors with the binary tensor extension "
+                        "(Inference-Header-Content-Length; tritonclient: binary_data=True)")  # fmt: skip
+            return limit, setting, hint
+        if path == "/v1/score":
+            return (settings.max_score_bytes, "VGE_MAX_SCORE_BYTES",
+                    "split the batch, or score a file with `vge score`")  # fmt: skip
+        return (settings.max_small_body_bytes, "VGE_MAX_SMALL_BODY_BYTES",
+                "this route takes small JSON bodies only")  # fmt: skip
+
+    def _check_key(self, scope: Scope) -> ServiceError | None:
+        """The 401/403 of a keyed route whose request lacks the right key, else None."""
+        method, path = scope["method"], scope["path"]
+        for keyed in self.keyed:
+            if method in keyed.methods and keyed.regex.match(path):
+                try:
+                    keyed.check(self.settings, Headers(scope=scope))
+                except ServiceError as exc:
+                    return exc
+                return None
+        return None
+
+    async def _refuse(self, send: Send, exc: ServiceError) -> None:
+        """Answer ``exc`` (a 401/403) without reading the body; the connection closes (what the
+        client still sends is dropped by the front end's lingering close)."""
+        if exc.reason:
+            self.metrics.rejections.labels(reason=exc.reason).inc()
+        body = json.dumps(error_body(exc.message, exc.code)).encode()
+        headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers.items()]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": exc.status_code,
+                "headers": [
+                    *headers,
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
 
     async def _reject(self, send: Send, message: str) -> None:
         self.metrics.rejections.labels(reason="payload_too_large").inc()

@@ -18,6 +18,7 @@ Outputs: ``probabilities`` FP32 [B, C], ``prediction`` INT64 [B], ``vgmu``, ``sn
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -33,6 +34,7 @@ from service.deps import State, service_state
 from service.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.inference import predict_tensor, resolve_options
 from service.model_manager import ModelInfo
+from service.multipart import INLINE_PARSE_BYTES
 from service.routes.direct import add_direct_route
 from service.routes.health import is_ready
 from service.routes.predict import parse_json
@@ -140,7 +142,10 @@ def _versioned(state: State, name: str, version: str) -> ModelInfo:
     return model
 
 
-async def _parse_body(request: Request) -> tuple[dict[str, Any], bytes]:
+async def _parse_body(request: Request, max_json: int) -> tuple[dict[str, Any], bytes, int]:
+    """The request's JSON (capped at ``max_json`` bytes; parsed in a worker thread when over
+    INLINE_PARSE_BYTES: json.loads holds the interpreter), its binary tensor data and the JSON's
+    size in bytes."""
     raw = await request.body()
     header_len = request.headers.get("inference-header-content-length")
     if header_len is not None:
@@ -153,10 +158,18 @@ async def _parse_body(request: Request) -> tuple[dict[str, Any], bytes]:
         head, binary = raw[:n], raw[n:]
     else:
         head, binary = raw, b""
-    body = parse_json(head, "inference request header")
+    if len(head) > max_json:  # (a whole-JSON body is capped by the middleware already)
+        raise PayloadTooLarge(
+            f"inference request JSON of {len(head)} bytes exceeds the limit of {max_json} bytes "
+            "(VGE_MAX_JSON_BYTES); send large tensors with the binary tensor extension"
+        )
+    if len(head) > INLINE_PARSE_BYTES:
+        body = await asyncio.to_thread(parse_json, head, "inference request header")
+    else:
+        body = parse_json(head, "inference request header")
     if not isinstance(body, dict):
         raise BadInput("inference request must be a JSON object")
-    return body, binary
+    return body, binary, len(head)
 
 
 def check_input_spec(name: Any, dtype: Any, shape: Any, max_images: int) -> int:
@@ -368,7 +381,7 @@ def _encode(response: dict[str, Any], tensors: dict[str, np.ndarray], binary: di
 
 
 async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
-    body, binary = await _parse_body(request)
+    body, binary, json_size = await _parse_body(request, state.settings.max_json_bytes)
     wanted = body.get("outputs")
     names = list(OUTPUTS)
     if wanted:
@@ -382,7 +395,10 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
     abstain_k, vgmu_on, timeout_s = _parameters(body)
     n_classes = len(model.class_names)
     options = resolve_options(state, model, abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=n_classes)
-    arr = _input_tensor(body, binary, state.settings.max_images)
+    if json_size <= INLINE_PARSE_BYTES:
+        arr = _input_tensor(body, binary, state.settings.max_images)
+    else:  # a long JSON list: numpy's conversion and the checks hold the interpreter
+        arr = await asyncio.to_thread(_input_tensor, body, binary, state.settings.max_images)
     x = _to_model_input(arr, body["inputs"][0]["datatype"], model, state)
     columns = await predict_tensor(state, model, x, options, timeout_s)
     tensors = _outputs(columns, n_classes)
