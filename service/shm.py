@@ -47,9 +47,29 @@ def shm_dir() -> Path:
 
 
 def create_arena_file(path: Path, size: int) -> None:
-    """Create (or reset) a sparse arena file of ``size`` bytes."""
-    with open(path, "wb") as f:
-        f.truncate(size)
+    """Create a new sparse arena file of ``size`` bytes at ``path``, readable by this user only.
+
+    ``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600: a file or symlink already there is an error,
+    never opened. ``open(path, "wb")`` followed a symlink planted at the (predictable) name: the
+    server truncated the link's target and wrote 64 MiB of zeros into it, and the 0644 file let
+    other local users read request pixels.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def new_arena_file(size: int, tag: str, base: Path | None = None) -> Path:
+    """A new arena file in ``base`` (default :func:`shm_dir`) with an unpredictable name,
+    ``vge-<tag>-<16 random hex>.arena`` (:func:`create_arena_file`)."""
+    import secrets
+
+    path = (base or shm_dir()) / f"vge-{tag}-{secrets.token_hex(8)}.arena"
+    create_arena_file(path, size)
+    return path
 
 
 class Arena:

@@ -153,13 +153,10 @@ class Supervisor:
         return None
 
     def make_arenas(self) -> None:
-        from service.shm import create_arena_file, shm_dir
+        from service.shm import new_arena_file
 
-        base = shm_dir()
-        for i in range(self.n_workers):
-            path = base / f"vge-{os.getpid()}-{i}.arena"
-            create_arena_file(path, self.arena_size)
-            self.arenas.append(str(path))
+        for i in range(self.n_workers):  # O_EXCL, 0600, random names (service.shm)
+            self.arenas.append(str(new_arena_file(self.arena_size, f"{os.getpid()}-{i}")))
 
     def start_engine(self) -> None:
         from service.engine import engine_main

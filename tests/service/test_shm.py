@@ -110,3 +110,31 @@ def test_the_header_carries_the_arrival_count_and_is_never_allocated(tmp_path: P
     assert alloc.allocate(1) == HEADER
     front.close()
     engine.close()
+
+
+def test_arena_files_are_private_new_files_with_unpredictable_names(tmp_path: Path) -> None:
+    """Issue 28: ``open(path, "wb")`` followed a symlink planted at the predictable
+    ``vge-<pid>-<i>.arena`` (its target truncated and zeroed) and left the file 0644."""
+    import os
+    import stat
+
+    from service.shm import new_arena_file
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    link = tmp_path / "planted.arena"
+    link.symlink_to(victim)
+    with pytest.raises(OSError):
+        create_arena_file(link, 1 << 16)  # a symlink there: refused, not followed
+    plain = tmp_path / "plain.arena"
+    plain.write_bytes(b"x")
+    with pytest.raises(FileExistsError):
+        create_arena_file(plain, 1 << 16)  # an existing file: refused, not reset
+    assert victim.read_bytes() == b"precious" and plain.read_bytes() == b"x"
+    old = os.umask(0)
+    try:
+        a, b = new_arena_file(1 << 16, "7-0", tmp_path), new_arena_file(1 << 16, "7-0", tmp_path)
+    finally:
+        os.umask(old)
+    assert a != b and a.name.startswith("vge-7-0-") and len(a.stem) == len("vge-7-0-") + 16
+    assert stat.S_IMODE(a.stat().st_mode) == 0o600 and a.stat().st_size == 1 << 16
