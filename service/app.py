@@ -10,6 +10,7 @@ lifespan starts the connection to the engine and the decode thread pool. uvicorn
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -19,13 +20,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from service.db import Database
 from service.deps import ServiceState
 from service.engine_client import EngineClient
 from service.errors import install_error_handlers, resource_table, route_template
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
 from service.reviews import ReviewStore
+from service.reviews import watch as review_watch
 from service.routes import health, jobs, models, predict, reviews, v2
 from service.routes.direct import DirectDispatch
 from service.routes.schemas import error_responses
@@ -46,8 +47,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.settings.decode_workers, thread_name_prefix="vge-decode"
     )
     state.engine.start()
-    if state.settings.review_enabled:
+    watcher = None
+    if state.settings.review_enabled:  # never fails start-up: an unusable store is unavailable
         state.reviews = open_review_store(state.settings)
+        watcher = asyncio.get_running_loop().create_task(
+            review_watch(state.reviews, state.metrics.review_store_up)
+        )
     _warm_up_decoding()
     # Listen only once the engine link is up (bounded; uvicorn calls listen() after this start-up):
     # the kernel would otherwise send a starting front end requests it can only answer 503. After
@@ -69,15 +74,22 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if grpc_server is not None:
             await grpc_server.stop(grace=state.settings.shutdown_grace_s)
         await state.engine.close()
+        if watcher is not None:
+            watcher.cancel()
         if state.reviews is not None:
-            state.reviews.db.close()
+            state.reviews.close()
         state.decode_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def open_review_store(settings: Settings) -> ReviewStore:
-    """The review queue this process writes to (front ends and the engine each open their own)."""
+    """The review queue this process writes to (front ends and the engine each open their own).
+
+    Never raises: a store that is missing, corrupt, unwritable or unreachable is returned
+    unavailable (logged, naming the file or URL and what to do) and retried by itself, so the
+    queue, an add-on, cannot stop predictions or a process's start-up (service.reviews).
+    """
     return ReviewStore(
-        Database(settings.reviews_database_url),
+        settings.reviews_database_url,
         settings.review_dir / "blobs",
         max_items=settings.review_max_items,
         max_bytes=settings.review_max_bytes,

@@ -10,7 +10,8 @@ writers, so a single ``UPDATE … RETURNING`` already claims a row atomically).
 URLs: ``sqlite:///relative/path.sqlite3``, ``sqlite:////absolute/path.sqlite3``,
 ``postgresql://user:pass@host:port/dbname`` (psycopg 3; ``pip install 'vge-serve[postgres]'``).
 Each process opens its own connection (front ends and the engine are separate processes); SQLite
-runs in WAL mode with a busy timeout so those processes can write concurrently.
+runs in WAL mode (the review queue: a rollback journal, see :class:`Database`) with a busy timeout
+so those processes can write concurrently.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from service.errors import NotReady
 
@@ -35,14 +37,40 @@ class DatabaseUnavailable(NotReady):
     code = "database_unavailable"
 
 
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``: safe for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not parseable as a URL: mask everything between "://" and "@"
+        head, sep, rest = url.partition("://")
+        return f"{head}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
+    if not password:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` without ``url``'s password (a driver may echo the URL or its parts)."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    text = text.replace(url, mask_url(url))
+    return text.replace(password, "***") if password else text
+
+
 def check_url(url: str, setting: str) -> str:
-    """Validate a database URL eagerly; the error says how to fix it (``setting`` names the knob)."""
+    """Validate a database URL eagerly; the error says how to fix it (``setting`` names the knob)
+    and never repeats a password."""
     if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
         return url
     if url.startswith(POSTGRES_PREFIXES):
         return url
     raise ValueError(
-        f"{setting} {url!r} is not supported; use sqlite:///relative/path.sqlite3, "
+        f"{setting} {mask_url(url)!r} is not supported; use sqlite:///relative/path.sqlite3, "
         "sqlite:////absolute/path.sqlite3 or postgresql://user:password@host:5432/dbname"
     )
 
@@ -53,11 +81,30 @@ def sqlite_path(url: str) -> Path:
 
 
 class Database:
-    """A thread-safe connection to SQLite or PostgreSQL with one statement API for both."""
+    """A thread-safe connection to SQLite or PostgreSQL with one statement API for both.
 
-    def __init__(self, url: str) -> None:
+    ``synchronous`` and ``journal`` are SQLite's: ``NORMAL`` (WAL: a commit survives a crash of
+    the process, not of the machine) or ``FULL`` (fsync at every commit: the review queue, whose
+    ``queued`` answers promise the item is kept); ``WAL`` (readers never wait for the writer) or
+    ``DELETE`` (a rollback journal that exists only during a write: the review queue, whose file
+    an operator may delete or replace while the server runs — a WAL and its index stay beside the
+    path, and a replaced file opened with the old file's WAL would read the old file's pages).
+    ``connect_timeout`` is PostgreSQL's, in seconds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        journal: Literal["WAL", "DELETE"] = "WAL",
+        connect_timeout: int = 10,
+    ) -> None:
         self.url = check_url(url, "database URL")
         self.postgres = url.startswith(POSTGRES_PREFIXES)
+        self.synchronous = synchronous
+        self.journal = journal
+        self.connect_timeout = connect_timeout
         self._lock = threading.RLock()
         if self.postgres:
             try:
@@ -78,15 +125,18 @@ class Database:
             from psycopg.rows import dict_row
 
             return psycopg.connect(
-                self.url, autocommit=True, row_factory=dict_row, connect_timeout=10
+                self.url,
+                autocommit=True,
+                row_factory=dict_row,
+                connect_timeout=self.connect_timeout,
             )
         path = sqlite_path(self.url)
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=10000")
-        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(f"PRAGMA journal_mode={self.journal}")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
         return conn
 
     @contextmanager
@@ -98,11 +148,17 @@ class Database:
                 self._conn = self._connect()
             yield
         except self._driver_errors as exc:
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
             raise DatabaseUnavailable(
-                f"the service database is unavailable, retry shortly ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else 'no detail'})",
+                f"the service database {self.where} is unavailable, retry shortly "
+                f"({type(exc).__name__}: {scrub(detail, self.url)})",
                 headers={"Retry-After": "2"},
             ) from None
+
+    @property
+    def where(self) -> str:
+        """The database for messages: its file, or its URL with the password masked."""
+        return str(sqlite_path(self.url)) if not self.postgres else mask_url(self.url)
 
     @property
     def skip_locked(self) -> str:

@@ -129,12 +129,18 @@ class Engine:
             outbox.close()
 
     async def _review_housekeeping(self) -> None:
-        """The review queue's depth gauge (every 2 s) and retention (at start, then hourly).
+        """The review queue's depth gauge and store health (every 2 s), retention (at start,
+        then hourly).
 
-        The engine does this once per replica; front ends write the queue themselves.
+        The engine does this once per replica; front ends write the queue themselves. An
+        unavailable store (service.reviews) stops neither this loop nor the engine: the loop
+        retries it (lazily, with the store's backoff), ``vge_review_store_up`` says 0 meanwhile,
+        and the depth gauge keeps its last reading.
         """
         if self.reviews is None:
             return
+        from service.reviews import WATCH_INTERVAL_S, ReviewStoreUnavailable
+
         store, s = self.reviews, self.settings
         gauge = self.metrics.review_queue_depth
         last_sweep = -1e9
@@ -143,17 +149,20 @@ class Engine:
         while True:
             try:
                 if s.review_retention_days > 0 and loop.time() - last_sweep > 3600:
-                    last_sweep = loop.time()
                     deleted = await asyncio.to_thread(store.sweep, s.review_retention_days)
+                    last_sweep = loop.time()  # once it ran: an unavailable store is swept later
                     if deleted:
                         log.info("review retention: deleted %d closed items", deleted)
                 depth = await asyncio.to_thread(store.depth_by_model)
                 for model in seen | depth.keys():  # a model whose queue emptied reads 0
                     gauge.labels(model=model).set(depth.get(model, 0))
                 seen |= depth.keys()
+            except ReviewStoreUnavailable:
+                pass  # logged by the store once per outage; the gauge below says it
             except Exception:  # noqa: BLE001 - a database hiccup must not stop the engine
                 log.exception("review housekeeping failed; retrying")
-            await asyncio.sleep(2.0)
+            self.metrics.review_store_up.labels(backend=store.backend).set(1 if store.up else 0)
+            await asyncio.sleep(WATCH_INTERVAL_S)
 
     async def _watch_device_memory(self) -> None:
         while True:
@@ -226,7 +235,7 @@ class Engine:
             self.metrics.review_queue_depth.labels(model=name)
             for outcome in ("agree", "disagree", "skipped"):
                 self.metrics.reviews.labels(model=name, outcome=outcome)
-            for status in ("queued", "already_queued", "queue_full", "error"):
+            for status in ("queued", "already_queued", "queue_full", "unavailable", "error"):
                 self.metrics.review_enqueued.labels(model=name, status=status)
             self._monitor(current.info.generation, current.predictor)
 

@@ -217,6 +217,16 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.review_store_up = Gauge(
+            "vge_review_store_up",
+            "1 while every process can use the review queue's store (database and image "
+            "directory), 0 while one cannot (predictions answer review_status unavailable); "
+            "by backend (sqlite, postgresql). Labelled so that only processes with a store "
+            "report (multiprocess livemin).",
+            ["backend"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.reviews = Counter(
             "vge_reviews",
             "Items reviewed by a human, by whether the label agrees with the model, or skipped.",
@@ -233,7 +243,7 @@ class Metrics:
         self.review_enqueued = Counter(
             "vge_review_enqueue",
             "Images sent to the review queue, by result (queued, already_queued, queue_full, "
-            "error).",
+            "unavailable, error).",
             ["model", "status"],
             registry=r,
         )
