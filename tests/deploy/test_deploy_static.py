@@ -69,12 +69,14 @@ def _clean_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def env_file(tmp_path_factory) -> Path:
-    """.env.example with the one value a user must fill in (the API key) filled in."""
+    """.env.example with the values a user must fill in (API key, Grafana password) filled in."""
     lines = ENV_EXAMPLE.read_text().splitlines()
-    assert "VGE_API_KEY=" in lines, ".env.example must leave VGE_API_KEY for the user to set"
+    filled = {"VGE_API_KEY=": "VGE_API_KEY=ci-test-key-0123",
+              "GRAFANA_ADMIN_PASSWORD=": "GRAFANA_ADMIN_PASSWORD=ci-grafana-0123"}  # fmt: skip
+    for empty in filled:
+        assert empty in lines, f".env.example must leave {empty[:-1]} for the user to set"
     path = tmp_path_factory.mktemp("compose") / ".env"
-    key = "VGE_API_KEY=ci-test-key-0123"
-    path.write_text("\n".join(key if ln == "VGE_API_KEY=" else ln for ln in lines) + "\n")
+    path.write_text("\n".join(filled.get(ln, ln) for ln in lines) + "\n")
     return path
 
 
@@ -128,7 +130,26 @@ def test_compose_refuses_to_start_without_api_key(tmp_path):
     for env in (empty, ENV_EXAMPLE):  # unset, and the example's empty value copied unchanged
         res = _compose("config", "-q", env_file=env)
         assert res.returncode != 0
-        assert "VGE_API_KEY" in res.stderr
+        assert "VGE_API_KEY" in res.stderr or "GRAFANA_ADMIN_PASSWORD" in res.stderr
+
+
+def test_compose_safe_defaults(tmp_path, env_file):
+    """Issue 28: ports were published on every interface, Grafana fell back to admin/admin, the
+    example shipped `change-me` secrets and .env was not ignored by git."""
+    only_key = tmp_path / "key.env"
+    only_key.write_text("VGE_API_KEY=ci-test-key-0123\n")  # no Grafana password: refused
+    res = _compose("config", "-q", env_file=only_key)
+    assert res.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in res.stderr
+    services = _compose_json((COMPOSE,), env_file)["services"]
+    ports = [p for s in services.values() for p in s.get("ports", [])]
+    assert len(ports) == 3 and all(p.get("host_ip") == "127.0.0.1" for p in ports), ports
+    everywhere = tmp_path / "bind.env"
+    everywhere.write_text(env_file.read_text().replace("VGE_BIND=127.0.0.1", "VGE_BIND=0.0.0.0"))
+    services = _compose_json((COMPOSE,), everywhere)["services"]
+    assert {p.get("host_ip") for s in services.values() for p in s.get("ports", [])} == {"0.0.0.0"}
+    assert "change-me" not in ENV_EXAMPLE.read_text() and "change-me" not in COMPOSE.read_text()
+    assert "token_urlsafe" in ENV_EXAMPLE.read_text()  # says how to generate the secrets
+    assert ".env" in (REPO / ".gitignore").read_text().splitlines()
 
 
 def test_compose_gpu_service_shape(env_file):
