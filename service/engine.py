@@ -83,7 +83,12 @@ class Engine:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-        await self.models.load_initial()
+        # The first engine start of this `vge serve` run (not a restart by the supervisor) is the
+        # one where an explicit --model-dir wins over the model history: a marker in the run's
+        # private directory (the supervisor's, removed when it exits) tells them apart.
+        started = Path(socket_path).parent / "engine-started"
+        await self.models.load_initial(first_start=not started.exists())
+        started.touch()
         self.batcher.start()
         self.metrics.init_job_states()
         self._export_model_series()
@@ -94,10 +99,12 @@ class Engine:
         current = self.models.current
         assert current is not None
         s = self.settings
+        served = current.info.description
         print(
             f"vge serve: engine: model {current.info.name} {current.info.version} on "
-            f"{current.info.description['device']} (max batch {s.resolved_max_batch_size()}, "
-            f"max delay {s.max_queue_delay_ms:g} ms, queue {s.max_queue_length})",
+            f"{served['device']} (max batch {s.resolved_max_batch_size()}, "
+            f"max delay {s.max_queue_delay_ms:g} ms, queue {s.max_queue_length}); "
+            f"served because {served['served_because']} since {served['served_since']}",
             file=sys.stderr,
             flush=True,
         )
@@ -342,18 +349,31 @@ class Engine:
     async def _dispatch(self, method: str, kwargs: dict[str, Any]) -> Any:
         """Admin operations that exist once per server (front ends forward them here)."""
         from service.errors import Conflict
+        from service.model_manager import PromoteRefused
 
         if method == "models.reload":
             loaded = await self.models.reload()
-        elif method == "models.promote":
-            loaded = await self.models.promote(kwargs["name"])
-        elif method == "models.promote_job":
-            job = await asyncio.to_thread(self.jobs.get, kwargs["job_id"])
-            if job["state"] != "succeeded" or not job.get("model_dir"):
-                raise Conflict(
-                    f"job {kwargs['job_id']} is {job['state']}, not succeeded; nothing to promote"
-                )
-            loaded = await self.models.load_checked(Path(job["model_dir"]), "promote_job")
+        elif method in ("models.promote", "models.promote_job"):
+            # Gated (model_manager.ModelManager._gate): a refusal is an answer carrying the
+            # comparison, which the route turns into a 409 (RemoteError carries a message only).
+            force = bool(kwargs.get("force", False))
+            try:
+                if method == "models.promote":
+                    loaded = await self.models.promote(kwargs["name"], force=force)
+                else:
+                    job = await asyncio.to_thread(self.jobs.get, kwargs["job_id"])
+                    if job["state"] != "succeeded" or not job.get("model_dir"):
+                        raise Conflict(
+                            f"job {kwargs['job_id']} is {job['state']}, not succeeded; nothing "
+                            "to promote"
+                        )
+                    loaded = await self.models.load_checked(
+                        Path(job["model_dir"]), "promote_job", gate=True, force=force
+                    )
+            except PromoteRefused as exc:
+                return {"refused": exc.message, "comparison": exc.comparison}
+            self._broadcast_model()
+            return {"model": loaded.info.description}
         elif method == "models.rollback":
             loaded = await self.models.rollback(kwargs.get("to"))
         elif method == "models.history":

@@ -172,6 +172,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.model_restore_failed = Gauge(
+            "vge_model_restore_failed",
+            "1 while the engine serves its start model because the model the history records "
+            "(the last promoted or rolled-back one) could not be restored (deleted, weights "
+            "altered); see restore_failed in GET /v1/models.",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         for score, what in (("vgmu", "VGMU"), ("eu", "epistemic uncertainty EU"),
                             ("tu", "total uncertainty TU")):  # fmt: skip
             setattr(self, f"prediction_{score}", Histogram(

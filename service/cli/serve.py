@@ -16,8 +16,32 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("host", str, "interface to bind (VGE_HOST; default 127.0.0.1)"),
     ("port", int, "TCP port (VGE_PORT; default 8000)"),
     ("grpc_port", int, "KServe V2 gRPC port, 0 = off (VGE_GRPC_PORT; needs vge-serve[grpc])"),
-    ("model_dir", Path, "model directory to serve (VGE_MODEL_DIR; default: shipped model)"),
+    (
+        "model_dir",
+        Path,
+        "model directory to serve; as a flag it wins over the model history (the last promoted "
+        "or rolled-back model, restored at every start). VGE_MODEL_DIR is the model of the "
+        "first start only (default: shipped model)",
+    ),
     ("models_root", Path, "where trained models land / promote looks (VGE_MODELS_ROOT)"),
+    (
+        "promote_max_accuracy_drop",
+        float,
+        "promote gate: refuse a candidate this much less accurate than the served model on the "
+        "gate's digits (VGE_PROMOTE_MAX_ACCURACY_DROP; 0.01)",
+    ),
+    (
+        "promote_max_accepted_accuracy_drop",
+        float,
+        "promote gate: the same for the answers not deferred, each model at its calibrated "
+        "abstain_k (VGE_PROMOTE_MAX_ACCEPTED_ACCURACY_DROP; 0.005)",
+    ),
+    (
+        "promote_max_deferral_rise",
+        float,
+        "promote gate: refuse a candidate deferring this much more (VGE_PROMOTE_MAX_DEFERRAL_RISE;"
+        " 0.02)",
+    ),
     ("device", str, "auto, cpu, cuda, cuda:N, mps (VGE_DEVICE; default auto)"),
     ("workers", int, "HTTP front-end processes, 0 = one per CPU but one (VGE_WORKERS; default 0)"),
     ("compile", str, "auto, on, off: torch.compile the engine (VGE_COMPILE; auto = on CUDA)"),
@@ -80,6 +104,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     from service.settings import Settings
 
     overrides = {n: getattr(args, n) for n, _, _ in _FLAGS if getattr(args, n, None) is not None}
+    if "model_dir" in overrides:
+        # Chosen on the command line for this start: it wins over the model history, where
+        # VGE_MODEL_DIR (a deployment's standing configuration) names only the first start's model.
+        overrides["model_dir_explicit"] = True
     return Settings(**overrides)
 
 
