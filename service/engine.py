@@ -379,7 +379,12 @@ class Engine:
         elif method == "models.history":
             assert self.models.history is not None
             return await asyncio.to_thread(self.models.history.entries, kwargs.get("limit", 100))
-        elif method in ("jobs.submit", "jobs.list", "jobs.get", "jobs.cancel", "jobs.logs"):
+        elif method == "jobs.submit":  # a job without an architecture retrains the served model
+            served = self.models.current
+            return await asyncio.to_thread(
+                self.jobs.submit, kwargs["config"], served.model_dir if served else None
+            )
+        elif method in ("jobs.list", "jobs.get", "jobs.cancel", "jobs.logs"):
             return await asyncio.to_thread(getattr(self.jobs, method.split(".")[1]), **kwargs)
         else:
             raise ValueError(f"unknown engine method {method!r}")

@@ -20,6 +20,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue
+import re
 import shutil
 import threading
 import time
@@ -27,7 +28,7 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.data import MIXED_SUFFIX, parse_imagefolder
 from service.db import Database
@@ -35,9 +36,23 @@ from service.errors import Conflict, InvalidValue, NotFound
 from service.metrics import JOB_STATES, Metrics
 from service.settings import Settings
 
+if TYPE_CHECKING:
+    from models.training import TrainConfig
+
 log = logging.getLogger("vge.jobs")
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
+#: A submission's ``init``: start from the served model's weights, or from fresh ones.
+INIT_CHOICES = ("served", "scratch")
+#: A version derived for a retrained model ends with its job's id; a retrain of a retrained model
+#: replaces that ending instead of adding another (``2.0.0-job-<a>`` -> ``2.0.0-job-<b>``).
+_RETRAIN_SUFFIX = re.compile(r"-job-[0-9a-f]{12}$")
+_SERVER_SET = {
+    "data_root": "data_root is set by the server (VGE_DATA_ROOT); leave it out and give "
+    "ImageFolder paths relative to it, e.g. dataset: imagefolder:my-images",
+    "init_from": "init_from is set by the server; give init: served to start from the served "
+    "model's weights, or init: scratch",
+}
 CANCEL_GRACE_S = 10.0
 MAX_STORED_EVENTS = 5000
 
@@ -207,6 +222,7 @@ class JobManager:
         self._running: dict[str, _Running] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._submit_lock = threading.Lock()  # one submission at a time: capacity, then export
         self.on_finished: list[Any] = []
         self.reviews: Any = None  # service.reviews.ReviewStore when the review queue is on
 
@@ -218,6 +234,7 @@ class JobManager:
                 job["id"], state="interrupted", finished_at=time.time(),
                 error="the server stopped while this job was queued or running",
             )  # fmt: skip
+            self._remove_export(job["id"])
             log.warning("job %s marked interrupted (server restarted)", job["id"])
         self.settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.settings.models_root.mkdir(parents=True, exist_ok=True)
@@ -241,49 +258,135 @@ class JobManager:
         for job in self.store.in_state("queued", "running"):
             self.store.update(job["id"], state="interrupted", finished_at=time.time(),
                               error="the server shut down while this job was queued or running")  # fmt: skip
+            self._remove_export(job["id"])
         self._refresh_gauge()
         self.store.close()
 
     # ------------------------------------------------------------------ API
-    def submit(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Validate ``config`` against ``TrainConfig``, record it queued, start it when possible."""
-        from pydantic import ValidationError
+    def submit(self, config: dict[str, Any], served: Path | None = None) -> dict[str, Any]:
+        """Resolve and validate a submission, record it queued, start it when a slot is free.
 
-        from models.training import TrainConfig
-
-        config = self._place_data(dict(config))
-        try:
-            cfg = TrainConfig.model_validate(config)
-        except ValidationError as exc:
-            msgs = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise InvalidValue(f"invalid training config: {msgs}") from None
-        _check_device(cfg.device)
-        try:
-            cfg.check_architecture()
-        except ValueError as exc:
-            raise InvalidValue(f"invalid training config: {exc}") from None
-        job_id = f"job-{uuid.uuid4().hex[:12]}"
-        self.store.create(job_id, cfg.model_dump(mode="json"))
-        log.info("job %s queued", job_id)
+        ``served`` is the directory of the model the server serves now. A submission that names
+        no architecture field trains that model's own configuration (:meth:`_resolve`) under its
+        name with a new version. Everything that can be checked is checked before anything is
+        written: the config, the device, the architecture and its bounds, whether the starting
+        weights fit, and the queue's capacity; only then are reviewed images exported, into the
+        job's own folder (removed when the job ends).
+        """
+        with self._submit_lock:
+            job_id = f"job-{uuid.uuid4().hex[:12]}"
+            cfg, reviews = self._resolve(job_id, dict(config), served)
+            self._check_capacity()
+            if reviews:
+                self._export_reviews(self._export_dir(job_id))
+            try:
+                self.store.create(job_id, cfg.model_dump(mode="json"))
+            except BaseException:
+                self._remove_export(job_id)
+                raise
+        log.info("job %s queued: %s %s", job_id, cfg.model_name(), cfg.version)
         self._refresh_gauge()
         self._launch_queued()
         return self.get(job_id)
 
-    def _place_data(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Datasets live under ``data_root``: set it, and confine ImageFolder paths to it."""
-        if config.get("data_root") is not None:
-            raise InvalidValue(
-                "data_root is set by the server (VGE_DATA_ROOT); leave it out and give ImageFolder "
-                "paths relative to it, e.g. dataset: imagefolder:my-images"
+    def _resolve(
+        self, job_id: str, config: dict[str, Any], served: Path | None
+    ) -> tuple[TrainConfig, bool]:
+        """The validated :class:`TrainConfig` of a submission, and whether it trains on reviews.
+
+        * No architecture field (``backbone``, ``ensemble``, ``members``, ``vgn``, ...): the
+          served model's configuration from its card (:func:`models.training.served_config`:
+          architecture, loss, schedule, augmentation, stopping, calibration target), named as
+          the served model with version ``<served version>-<job id>``; the submission's fields
+          override it. Architecture fields given change only those fields of the served
+          configuration. Without a served model: the library defaults, as ``vge train``.
+        * ``init``: ``"served"`` starts from the served weights (fine-tuning), ``"scratch"`` from
+          fresh ones. Default: ``"served"`` when the weights fit (same architecture, a dataset
+          prepared like the served model's: e.g. ``reviews+mnist-bundled`` for a model trained
+          on ``mnist-bundled``), else ``"scratch"``.
+        """
+        from pydantic import ValidationError
+
+        from models.checkpoint import CheckpointError, read_card
+        from models.training import TrainConfig, config_error_message, served_config
+        from models.training.warmstart import check_init
+
+        init = config.pop("init", None)
+        if init not in (None, *INIT_CHOICES):
+            raise InvalidValue(f"init must be one of {', '.join(map(repr, INIT_CHOICES))}")
+        for key in ("data_root", "init_from"):
+            if config.get(key) is not None:
+                raise InvalidValue(_SERVER_SET[key])
+        card = None
+        if served is not None:
+            try:
+                card = read_card(served)
+            except CheckpointError as exc:  # the served model's card vanished from disk
+                log.warning("jobs: cannot read the served model's card: %s", exc)
+        if init == "served" and card is None:
+            raise InvalidValue("init 'served': no served model card to start from")
+        user = dict(config)
+        if card is not None:
+            base = served_config(card)
+            if "vgn" in user and user["vgn"] != card.vgn:
+                base.pop("loss", None)  # the served loss suits its own gate, re-resolved
+                base.pop("k", None)
+            base.update(
+                name=card.name,
+                version=f"{_RETRAIN_SUFFIX.sub('', card.version)}-{job_id}",
+                description=f"{card.name} {card.version} retrained by training job {job_id}",
             )
+            config = {**base, **user}
+        reviews = config.get("dataset") in ("reviews", "reviews+mnist-bundled")
+        config = self._place_data(config, job_id)
+        try:
+            cfg = TrainConfig.model_validate(config)
+        except ValidationError as exc:
+            raise InvalidValue(config_error_message(exc)) from None
+        _check_device(cfg.device)
+        if card is not None and init != "scratch":
+            with_init = cfg.model_copy(update={"init_from": str(served)})
+            if init == "served":
+                cfg = with_init  # check_architecture says why when they do not fit
+            else:
+                try:
+                    check_init(with_init, card)
+                    cfg = with_init
+                except ValueError:
+                    pass  # another architecture or data: trained from scratch
+        try:
+            cfg.check_architecture()
+        except ValueError as exc:
+            raise InvalidValue(f"invalid training config: {exc}") from None
+        return cfg, reviews
+
+    def _check_capacity(self) -> None:
+        """Refuse a job that would wait beyond ``max_queued_jobs`` (409 naming the limit)."""
+        with self._lock:
+            queued = len(self.store.in_state("queued"))
+            free = max(0, self.settings.max_concurrent_jobs - len(self._running))
+        limit = self.settings.max_queued_jobs
+        if queued + 1 > free + limit:
+            raise Conflict(
+                f"the training queue is full: {queued} job(s) waiting, at most {limit} may wait "
+                f"(VGE_MAX_QUEUED_JOBS={limit}) behind {self.settings.max_concurrent_jobs} "
+                "running (VGE_MAX_CONCURRENT_JOBS); retry when one finishes, or cancel one"
+            )
+
+    def _place_data(self, config: dict[str, Any], job_id: str) -> dict[str, Any]:
+        """Datasets live under ``data_root``: set it, and confine ImageFolder paths to it.
+        ``reviews[+mnist-bundled]`` names the job's own export folder (written after validation,
+        by :meth:`_export_reviews`)."""
         root = self.settings.data_root.resolve()
         config["data_root"] = str(root)
         dataset = config.get("dataset")
         if dataset in ("reviews", "reviews+mnist-bundled"):
-            exported = self._export_reviews(root)
+            if self.reviews is None:
+                raise InvalidValue(
+                    f"dataset {dataset!r} needs the review queue: start the server with "
+                    "VGE_REVIEW_QUEUE=on"
+                )
+            exported = self._export_dir(job_id)
             config["dataset"] = f"imagefolder:{exported}{dataset.removeprefix('reviews')}"
         elif isinstance(dataset, str) and (folder := parse_imagefolder(dataset)) is not None:
             rel, mixed = folder
@@ -298,28 +401,39 @@ class JobManager:
             config["dataset"] = f"imagefolder:{path}{MIXED_SUFFIX if mixed else ''}"
         return config
 
-    def _export_reviews(self, root: Path) -> Path:
-        """Write the human-labelled review items as an ImageFolder under the data root (a new
-        folder per job, so a job trains on the labels as they were when it was submitted)."""
+    def _export_dir(self, job_id: str) -> Path:
+        """Where a job's reviewed images are exported: its own folder, removed when it ends."""
+        return (self.settings.jobs_dir / job_id / "reviews").resolve()
+
+    def _remove_export(self, job_id: str) -> None:
+        """Delete a job's exported review images (a job that has ended no longer needs them)."""
+        folder = self._export_dir(job_id)
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("job %s: removed its exported review images", job_id)
+
+    def _export_reviews(self, folder: Path) -> None:
+        """Write the human-labelled review items as an ImageFolder into ``folder`` (the job's
+        own, so a job trains on the labels as they were when it was submitted). Nothing is left
+        behind when it fails or finds nothing to export."""
         from service.decode import to_png
 
-        if self.reviews is None:
-            raise InvalidValue(
-                "dataset 'reviews' needs the review queue: start the server with VGE_REVIEW_QUEUE=on"
-            )
-        folder = root / "reviews" / (time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
         n = 0
-        for label, sha, data, ctype in self.reviews.reviewed():
-            target = folder / label / f"{sha}.png"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data if ctype == "image/png" else to_png(data))
-            n += 1
+        try:
+            for label, sha, data, ctype in self.reviews.reviewed():
+                target = folder / label / f"{sha}.png"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data if ctype == "image/png" else to_png(data))
+                n += 1
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         if n == 0:
+            shutil.rmtree(folder, ignore_errors=True)
             raise InvalidValue(
                 "dataset 'reviews' has nothing to train on: no review item is labelled yet"
             )
         log.info("exported %d reviewed images to %s", n, folder)
-        return folder
 
     def get(self, job_id: str) -> dict[str, Any]:
         job = self.store.get(job_id)
@@ -342,6 +456,7 @@ class JobManager:
             self.store.update(job_id, cancel_requested=1)
             if job["state"] == "queued":
                 self.store.update(job_id, state="cancelled", finished_at=time.time())
+                self._remove_export(job_id)
             elif job_id in self._running:
                 r = self._running[job_id]
                 r.stop.set()
@@ -452,6 +567,7 @@ class JobManager:
                 job_id, state="failed", finished_at=now, metrics=last_metrics,
                 error=error or f"training process exited with code {r.process.exitcode}",
             )  # fmt: skip
+        self._remove_export(job_id)  # whatever the outcome: the run has read its images
         log.info("job %s finished: %s", job_id, (self.store.get(job_id) or {}).get("state"))
         with self._lock:
             self._running.pop(job_id, None)

@@ -42,9 +42,11 @@ written once).
 from .config import (
     DEFAULT_ARCHITECTURE,
     DEFAULT_TARGET_DEFERRAL,
+    LIMITS,
     TrainConfig,
     config_error_message,
     load_config,
+    served_config,
 )
 from .events import EventFn
 from .loop import train
@@ -55,6 +57,7 @@ from .validate import collect_predictions
 __all__ = [
     "DEFAULT_ARCHITECTURE",
     "DEFAULT_TARGET_DEFERRAL",
+    "LIMITS",
     "EventFn",
     "TrainConfig",
     "augment_batch",
@@ -63,5 +66,6 @@ __all__ = [
     "load_config",
     "mixture_nll",
     "seed_everything",
+    "served_config",
     "train",
 ]

@@ -3,26 +3,69 @@ stopping and calibration fields; ``load_config`` reads it from YAML/JSON with fl
 
 from __future__ import annotations
 
+import contextlib
+import math
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from torch import nn
 
-from models.checkpoint import MODEL_NAME_PATTERN, ArchitectureSpec
+from models.checkpoint import MODEL_NAME_PATTERN, ArchitectureSpec, ModelCard
 from models.data import TORCHVISION_NAMES, parse_imagefolder
 
 __all__ = [
     "DEFAULT_ARCHITECTURE",
     "DEFAULT_TARGET_DEFERRAL",
+    "LIMITS",
+    "NOT_INHERITED",
     "TrainConfig",
     "config_error_message",
     "load_config",
+    "served_config",
 ]
 
 DEFAULT_TARGET_DEFERRAL = 0.05  # abstain_k calibration target when the config names none
 #: The architecture trained where a config names none: LeNet-5, last-layer ensemble of M = 10.
 DEFAULT_ARCHITECTURE: dict[str, Any] = {"backbone": "lenet5", "ensemble": "lle", "members": 10}
+
+#: Upper bounds of a training config: a run must end, fit in memory and be built in
+#: milliseconds when it is checked. The same bounds hold for ``vge train`` and for the training
+#: jobs the server accepts (where anyone with the API key could otherwise queue a run that never
+#: ends or a model that fills the host's memory). A 422 / the CLI's one line names the bound.
+LIMITS: dict[str, int] = {
+    "epochs": 1000,  # the shipped models train 30-100
+    "members": 100,  # M of DE/LLE, S of MCD, H of MCD-LLE (the paper: 5-10)
+    "mc_samples": 100,  # S per head of MCD-LLE
+    "batch_size": 4096,
+    "eval_batch_size": 8192,
+    "image_size": 512,  # ImageFolder resize (square); the shipped models see 28x28
+    "backbone_kwargs_keys": 16,  # keyword arguments of the backbone
+    "backbone_kwargs_int": 4096,  # |an integer argument| (a width, a depth, a hidden size)
+    "backbone_kwargs_list": 8,  # items of a list argument (ResNet widths/blocks: 4)
+    "backbone_kwargs_str": 64,  # characters of a key or of a string argument
+    "parameters": 1_000_000_000,  # the whole ensemble's parameters (WRN-28-10 DE, M = 10: 365M)
+    "modules": 20_000,  # submodules built (WRN-28-10 DE, M = 100: ~10,000); bounds the check's time
+}
+
+#: Fields of a served model's training config that a retraining job does not inherit
+#: (:func:`served_config`): the job's own data, size, device, identity and starting weights.
+NOT_INHERITED = frozenset(
+    {
+        "name",
+        "version",
+        "description",
+        "dataset",
+        "data_root",
+        "allow_download",
+        "max_train_samples",
+        "device",
+        "init_from",
+    }
+)
 
 
 class TrainConfig(ArchitectureSpec):
@@ -49,12 +92,14 @@ class TrainConfig(ArchitectureSpec):
     )
     data_root: str | None = None
     allow_download: bool = False
-    image_size: int | None = Field(None, ge=8, description="ImageFolder resize (square)")
+    image_size: int | None = Field(
+        None, ge=8, le=LIMITS["image_size"], description="ImageFolder resize (square)"
+    )
     max_train_samples: int | None = Field(None, ge=1)
     loss: Literal["mixture", "members"] | None = Field(
         None, description="mixture | members; default: mixture with vgn, members without"
     )
-    epochs: int = Field(100, ge=1)
+    epochs: int = Field(100, ge=1, le=LIMITS["epochs"])
     lr: float = Field(1e-3, gt=0, le=1)
     lr_schedule: Literal["constant", "plateau", "cosine", "onecycle"] = Field(
         "constant",
@@ -68,8 +113,8 @@ class TrainConfig(ArchitectureSpec):
         3, ge=0, description="plateau: epochs without validation-loss improvement before reducing"
     )
     weight_decay: float = Field(0.0, ge=0)
-    batch_size: int = Field(128, ge=1)
-    eval_batch_size: int = Field(512, ge=1)
+    batch_size: int = Field(128, ge=1, le=LIMITS["batch_size"])
+    eval_batch_size: int = Field(512, ge=1, le=LIMITS["eval_batch_size"])
     seed: int = 0
     patience: int = Field(5, ge=1)
     augment: bool = Field(
@@ -82,6 +127,12 @@ class TrainConfig(ArchitectureSpec):
     deterministic: bool = True
     target_deferral: float | None = Field(None, gt=0, lt=1)
     target_risk: float | None = Field(None, gt=0, lt=1)
+    init_from: str | None = Field(
+        None,
+        description="a model directory whose weights start the run (fine-tuning): its "
+        "architecture, classes, input size and normalisation must be this run's; default: "
+        "freshly initialised weights",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -97,6 +148,36 @@ class TrainConfig(ArchitectureSpec):
             "must be 'mnist-bundled', a torchvision dataset (MNIST, FashionMNIST, "
             "SVHN, CIFAR10, CIFAR100), 'imagefolder:<path>' or 'imagefolder:<path>+mnist-bundled'"
         )
+
+    @field_validator("members", "mc_samples")
+    @classmethod
+    def _count_bound(cls, v: int, info: ValidationInfo) -> int:
+        bound = LIMITS[str(info.field_name)]
+        if v > bound:
+            raise ValueError(f"must be at most {bound} (the training bound)")
+        return v
+
+    @field_validator("backbone_kwargs")
+    @classmethod
+    def _backbone_kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """A few scalar (or short list) keyword arguments of bounded size: a backbone's
+        constructor takes widths, depths, dropout rates and activation names, nothing bigger."""
+        if len(v) > LIMITS["backbone_kwargs_keys"]:
+            raise ValueError(f"at most {LIMITS['backbone_kwargs_keys']} keyword arguments")
+        for key, value in v.items():
+            if not key.isidentifier() or len(key) > LIMITS["backbone_kwargs_str"]:
+                raise ValueError(
+                    f"{key[:80]!r} is not a keyword argument name (an identifier of at most "
+                    f"{LIMITS['backbone_kwargs_str']} characters)"
+                )
+            items = value if isinstance(value, list) else [value]
+            if isinstance(value, list) and len(value) > LIMITS["backbone_kwargs_list"]:
+                raise ValueError(f"{key}: a list of at most {LIMITS['backbone_kwargs_list']} items")
+            for item in items:
+                problem = _kwarg_problem(item)
+                if problem:
+                    raise ValueError(f"{key}: {problem}")
+        return v
 
     @field_validator("device")
     @classmethod
@@ -116,13 +197,31 @@ class TrainConfig(ArchitectureSpec):
         return "mixture" if self.vgn else "members"
 
     def check_architecture(self) -> None:
-        """:meth:`check_buildable` for this config's dataset, when its classes and channels are
-        known without reading it (an ImageFolder's are not: its job finds out)."""
+        """What can be checked before a run without reading its data, in milliseconds: the
+        architecture builds for this config's dataset (:meth:`check_buildable`, when its classes
+        and channels are known without reading it; an ImageFolder's are not: its job finds out),
+        the ensemble has at most ``LIMITS["parameters"]`` parameters (built on the meta device,
+        no memory), and ``init_from``'s weights fit this run (:func:`.warmstart.check_init`).
+        Raises ``ValueError`` naming the problem."""
         from models.data import dataset_shape
 
         shape = dataset_shape(self.dataset)
-        if shape is not None:
-            self.check_buildable(*shape)
+        # an ImageFolder of unknown classes: counted with 10 classes (or k's) and 3 channels
+        classes, channels = shape or (len(self.k) if isinstance(self.k, list) else 10, 3)
+        with torch.device("meta"), _bounded_build():
+            try:
+                n = sum(p.numel() for p in self.build(classes, channels).parameters())
+            except TypeError as exc:  # the backbone's constructor: an unexpected keyword
+                raise ValueError(f"backbone_kwargs do not fit {self.backbone}: {exc}") from None
+        if n > LIMITS["parameters"]:
+            raise ValueError(
+                f"the ensemble would have {n:,} parameters; at most {LIMITS['parameters']:,} "
+                "(the training bound): fewer members or a smaller backbone"
+            )
+        if self.init_from is not None:
+            from .warmstart import check_init
+
+            check_init(self)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -141,6 +240,66 @@ class TrainConfig(ArchitectureSpec):
             else ("mnist" if self.dataset == "mnist-bundled" else self.dataset.lower())
         )
         return f"{self.backbone}-{self.ensemble}{'-vgn' if self.vgn else ''}-{data}"
+
+
+@contextlib.contextmanager
+def _bounded_build() -> Iterator[None]:
+    """Stop a build on this thread once it has made ``LIMITS["modules"]`` submodules.
+
+    Even on the meta device, building is Python work per module: bounded kwargs such as ResNet
+    ``blocks: [4096, 4096, 4096, 4096]`` with 100 DE members would take minutes and gigabytes
+    before the parameter count could refuse them. Other threads' builds (the server loading a
+    model meanwhile) are not counted."""
+    from torch.nn.modules.module import register_module_module_registration_hook
+
+    owner, count = threading.get_ident(), [0]
+
+    def hook(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+        if threading.get_ident() != owner:
+            return
+        count[0] += 1
+        if count[0] > LIMITS["modules"]:
+            raise ValueError(
+                f"the ensemble would have more than {LIMITS['modules']:,} modules (the training "
+                "bound): fewer members, blocks or layers"
+            )
+
+    handle = register_module_module_registration_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _kwarg_problem(item: Any) -> str | None:
+    """Why ``item`` is not an acceptable backbone argument value, or None when it is."""
+    if item is None or isinstance(item, bool):
+        return None
+    if isinstance(item, int):
+        bound = LIMITS["backbone_kwargs_int"]
+        return None if abs(item) <= bound else f"{item} is out of range (|value| <= {bound})"
+    if isinstance(item, float):
+        return None if math.isfinite(item) else "must be a finite number"
+    if isinstance(item, str):
+        bound = LIMITS["backbone_kwargs_str"]
+        return None if len(item) <= bound else f"a string of at most {bound} characters"
+    return "values must be numbers, booleans, short strings or short lists of them"
+
+
+def served_config(card: ModelCard) -> dict[str, Any]:
+    """The training configuration a served model was trained with, as the fields a retraining
+    job starts from: the card's architecture (authoritative) and the training fields recorded
+    in ``card.training["config"]`` (loss, epochs, learning rate and schedule, batch size,
+    augmentation, stopping, calibration target, ...) less :data:`NOT_INHERITED`. A card without
+    a recorded config (not trained by :func:`models.training.train`) gives its architecture and
+    the :class:`TrainConfig` defaults for the rest."""
+    recorded = card.training.get("config") if isinstance(card.training, dict) else None
+    fields = {
+        k: v
+        for k, v in (recorded if isinstance(recorded, dict) else {}).items()
+        if k in TrainConfig.model_fields and k not in NOT_INHERITED
+    }
+    return {**fields, **card.architecture().model_dump()}
 
 
 def config_error_message(err: ValidationError) -> str:

@@ -32,6 +32,7 @@ class TrainResult:
     epochs_run: int
     train_seconds: float
     cancelled: bool
+    init: dict[str, Any] | None = None  # the model whose weights started the run, if any
 
 
 def _jsonable(obj: Any) -> Any:
@@ -78,6 +79,7 @@ def _card(
             "world_size": rt.world,
             "torch": torch.__version__,
             "cancelled": result.cancelled,
+            "init": result.init,
             "history": result.history,
         },
     )

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -19,6 +20,7 @@ from .runtime import Runtime, barrier, runtime, seed_everything, wrap_ddp
 from .step import Augmenter, Optimisation, build_optimisation, train_step
 from .stopping import EarlyStopping
 from .validate import validate
+from .warmstart import load_init
 
 __all__ = ["train"]
 
@@ -86,6 +88,7 @@ class _Run:
     history: list[dict[str, float]] = field(default_factory=list)
     epoch: int = 0  # the last epoch started
     cancelled: bool = False
+    init: dict[str, Any] | None = None  # the model whose weights started the run (init_from)
 
     @classmethod
     def setup(cls, config: TrainConfig, rt: Runtime, emit: EventFn) -> _Run:
@@ -93,6 +96,7 @@ class _Run:
         stopping; in this order, which fixes what the seeded global RNG draws."""
         bundle = load_data(config)
         model = config.build(bundle.num_classes, bundle.in_channels).to(rt.device)
+        init = load_init(config, model, bundle) if config.init_from is not None else None
         net = wrap_ddp(model, rt)
         loader = train_loader(bundle.train, config, rt)
         opt = build_optimisation(config, model, len(loader))
@@ -100,7 +104,9 @@ class _Run:
         progress = Progress(emit, config.model_name(), config.epochs, len(loader), rt)
         progress.start(bundle)
         stopping = EarlyStopping(model, config.patience, config.min_delta)
-        return cls(config, rt, bundle, model, net, loader, opt, augment, progress, stopping)
+        return cls(
+            config, rt, bundle, model, net, loader, opt, augment, progress, stopping, init=init
+        )
 
     def train_epoch(self, epoch: int, should_stop: StopFn | None) -> float | None:
         """One pass over the training batches: their mean loss, or None when cancelled."""
@@ -146,4 +152,5 @@ class _Run:
             epochs_run=self.epoch,
             train_seconds=train_seconds,
             cancelled=self.cancelled,
+            init=self.init,
         )

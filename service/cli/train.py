@@ -41,6 +41,13 @@ _FLAGS: list[tuple[str, str, type, str]] = [
     ("--target-deferral", "target_deferral", float, "abstain_k calibration: deferral rate"),
     ("--target-risk", "target_risk", float, "abstain_k calibration: selective risk"),
     ("--lr-schedule", "lr_schedule", str, "constant | plateau | cosine | onecycle"),
+    (
+        "--init-from",
+        "init_from",
+        str,
+        "a model directory whose weights start the run (fine-tuning; same architecture, data "
+        "prepared alike)",
+    ),
 ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import subprocess
 import sys
@@ -374,3 +375,80 @@ def test_train_on_bundled_mnist_plus_imagefolder(tmp_path):
     assert card.dataset == dataset and card.class_names == bundled.class_names
     assert card.mean == list(bundled.mean) and card.metrics["n_test"] == len(bundled.test)
     assert card.model_dump()["training"]["config"]["dataset"] == dataset
+
+
+def test_bounds_are_422_lines_naming_the_bound(tmp_path):
+    """Every size of a run is bounded where the config is validated (API and CLI alike): the
+    message names the field and the bound. None of these had an upper bound before."""
+    from models.training import LIMITS
+
+    for fields, words in (
+        ({"epochs": LIMITS["epochs"] + 1}, "epochs: Input should be less than or equal to 1000"),
+        ({"members": LIMITS["members"] + 1}, "members: must be at most 100"),
+        ({"mc_samples": 101, "ensemble": "mcd-lle"}, "mc_samples: must be at most 100"),
+        ({"batch_size": 4097}, "batch_size: Input should be less than or equal to 4096"),
+        ({"eval_batch_size": 8193}, "eval_batch_size: Input should be less than or equal to 8192"),
+        ({"image_size": 513}, "image_size: Input should be less than or equal to 512"),
+        ({"backbone_kwargs": {"width": 10**7}}, "width: 10000000 is out of range (|value| <= 4096)"),
+        ({"backbone_kwargs": {f"a{i}": 1 for i in range(17)}}, "at most 16 keyword arguments"),
+        ({"backbone_kwargs": {"widths": [8] * 9}}, "widths: a list of at most 8 items"),
+        ({"backbone_kwargs": {"act": "x" * 65}}, "act: a string of at most 64 characters"),
+        ({"backbone_kwargs": {"w": {"a": 1}}}, "w: values must be numbers"),
+        ({"backbone_kwargs": {"not a name": 1}}, "is not a keyword argument name"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(words)):
+            load_config(None, fields)
+    # bounded values can still build an ensemble too large to train: its size is bounded as well,
+    # and the check stops building past a bounded number of modules (no minutes on the meta device)
+    for fields, words in (
+        ({"backbone": "cnn4", "backbone_kwargs": {"width": 4096, "hidden": 4096}, "members": 100},
+         "parameters; at most 1,000,000,000"),
+        ({"backbone": "resnet18", "ensemble": "de", "members": 100,
+          "backbone_kwargs": {"blocks": [4096] * 4}}, "more than 20,000 modules"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(words)):
+            load_config(None, fields).check_architecture()
+    r = _vge("train", "--out", str(tmp_path / "o"), "--epochs", "100000")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "less than or equal to 1000" in lines[0]
+
+
+def test_fine_tune_from_a_model_and_served_config(tiny_run, tmp_path):
+    """``init_from`` starts a run from a model's verified weights (the card records which); the
+    weights must fit (architecture, data prepared alike), checked before the run. ``served_config``
+    is the model's own recipe less what belongs to a job (data, size, device, identity)."""
+    from models.training import served_config
+    from models.training.warmstart import check_init
+
+    _, src, _ = tiny_run
+    _, src_card = load_checkpoint(src)
+    recipe = served_config(src_card)
+    assert recipe["vgn"] is True and recipe["members"] == 3 and recipe["seed"] == 3
+    assert recipe["backbone"] == "lenet5" and recipe["epochs"] == 2 and recipe["lr"] == 1e-3
+    assert not {"name", "version", "dataset", "device", "max_train_samples"} & recipe.keys()
+
+    cfg = TrainConfig(
+        **{**recipe, "epochs": 1, "max_train_samples": 64, "init_from": str(src), "lr": 1e-6}
+    )
+    cfg.check_architecture()
+    train(cfg, tmp_path / "ft")
+    model, card = load_checkpoint(tmp_path / "ft")
+    start = {"name": src_card.name, "version": src_card.version,
+             "weights_sha256": src_card.weights_sha256, "model_dir": str(src)}  # fmt: skip
+    assert card.training["init"] == start and card.training["config"]["init_from"] == str(src)
+    # at lr 1e-6 one epoch barely moves the weights: the run started from the source's, not fresh
+    source, _ = load_checkpoint(src)
+    for (name, a), b in zip(model.state_dict().items(), source.state_dict().values(), strict=True):
+        if a.is_floating_point():
+            assert torch.allclose(a, b, atol=1e-3), name
+    assert abs(card.metrics["test_accuracy"] - src_card.metrics["test_accuracy"]) < 0.02
+
+    for fields, words in (
+        ({"members": 4}, "do not fit this architecture (members 4 != 3)"),
+        ({"dataset": f"imagefolder:{tmp_path}"}, "are not those of dataset"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            check_init(TrainConfig(**{**recipe, **fields, "init_from": str(src)}))
+    r = _vge("train", "--out", str(tmp_path / "o"), "--init-from", str(tmp_path / "nothing"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "model card not found" in lines[0], r.stderr

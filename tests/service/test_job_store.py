@@ -60,10 +60,12 @@ def test_imagefolder_datasets_are_confined_to_the_data_root(tmp_path: Path) -> N
     (root / "digits").mkdir(parents=True)
     settings = Settings(jobs_db_url=f"sqlite:///{tmp_path}/jobs.sqlite3", data_root=root)
     jobs = JobManager(settings, Metrics())
-    mixed = jobs._place_data({"dataset": "imagefolder:digits+mnist-bundled"})
+    mixed = jobs._place_data({"dataset": "imagefolder:digits+mnist-bundled"}, "job-1")
     assert mixed["dataset"] == f"imagefolder:{root.resolve() / 'digits'}+mnist-bundled"
-    assert jobs._place_data({"dataset": "imagefolder:digits"})["dataset"].endswith("/digits")
+    assert jobs._place_data({"dataset": "imagefolder:digits"}, "job-1")["dataset"].endswith(
+        "/digits"
+    )
     with pytest.raises(InvalidValue, match="outside the data root"):
-        jobs._place_data({"dataset": "imagefolder:../elsewhere+mnist-bundled"})
+        jobs._place_data({"dataset": "imagefolder:../elsewhere+mnist-bundled"}, "job-1")
     with pytest.raises(InvalidValue, match="needs the review queue"):
-        jobs._place_data({"dataset": "reviews"})
+        jobs._place_data({"dataset": "reviews"}, "job-1")

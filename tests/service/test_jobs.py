@@ -8,8 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
+from service.jobs import TERMINAL
 from tests.service.conftest import API_KEY, Server, start_server
 
 H = {"Authorization": f"Bearer {API_KEY}"}
@@ -94,3 +96,119 @@ def test_job_lifecycle_cancel_promote_and_restart(
         assert srv.metric("vge_training_jobs", state="interrupted") == 1
     finally:
         srv.stop()
+
+
+def _on_disk(work: Path) -> list[Path]:
+    """Every image a job submission wrote: under the data root (where exports used to go) and
+    the jobs folder (each job's own export)."""
+    return sorted(p for d in ("data", "jobs") for p in (work / d).rglob("*.png"))
+
+
+def test_retrain_the_served_model_with_bounded_validated_jobs(
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model: Path,
+    pngs: list[bytes],
+    mnist: tuple[np.ndarray, np.ndarray],
+) -> None:
+    """A job that names no architecture retrains the served model: its card's architecture and
+    recipe, from its weights, under its name with a new version, so V2 URLs keep working.
+    Submissions are validated before reviewed images are exported (a rejected one writes
+    nothing), every size is bounded, the queue is capped, and a job's export is its own folder,
+    removed when the job ends (cancelled while queued, succeeded; the same step for any end)."""
+    from models.checkpoint import read_card
+
+    work = tmp_path_factory.mktemp("retrain")
+    served = read_card(tiny_model)
+    srv = start_server(
+        work, tiny_model, api_key=API_KEY, review_queue="on", max_queued_jobs=1, drain_s=0
+    )
+    try:
+        with srv.client(headers=H) as c:
+            files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[:4])]
+            results = c.post("/v1/predict", params={"abstain_k": 100}, files=files).json()
+            truth = [str(int(y)) for y in mnist[1][-64:][:4]]
+            for r, label in zip(results["results"], truth, strict=True):
+                c.post(f"/v1/reviews/{r['review_id']}", json={"label": label, "reviewer": "ann"}
+                       ).raise_for_status()  # fmt: skip
+
+            # rejected submissions: a 422 naming the problem, and nothing written to disk
+            for body, words in (
+                ({"dataset": "reviews", "epochs": 0}, "epochs: Input should be greater than"),
+                ({"dataset": "reviews", "epochs": 1001}, "epochs: Input should be less than or "
+                 "equal to 1000"),
+                ({"dataset": "reviews", "members": 101}, "members: must be at most 100"),
+                ({"dataset": "reviews", "batch_size": 4097}, "batch_size: Input should be less "
+                 "than or equal to 4096"),
+                ({"dataset": "reviews", "image_size": 513}, "image_size: Input should be less "
+                 "than or equal to 512"),
+                ({"dataset": "reviews", "backbone_kwargs": {"hidden": 10**6}},
+                 "backbone_kwargs: hidden: 1000000 is out of range"),
+                ({"dataset": "reviews", "backbone_kwargs": {f"k{i}": 1 for i in range(17)}},
+                 "at most 16 keyword arguments"),
+                ({"dataset": "reviews+mnist-bundled", "members": 4, "init": "served"},
+                 "do not fit this architecture (members 4 != 3)"),
+                ({"dataset": "reviews", "init": "served"}, "are not those of dataset"),
+                ({"dataset": "reviews", "init": "warm"}, "init must be one of 'served'"),
+                ({"dataset": "reviews", "init_from": str(tiny_model)}, "init_from is set by"),
+            ):  # fmt: skip
+                r = c.post("/v1/training-jobs", json=body)
+                assert r.status_code == 422 and words in r.json()["error"], (body, r.text)
+            assert _on_disk(work) == [] and c.get("/v1/training-jobs").json()["jobs"] == []
+
+            # the served model's configuration and weights, its name, a new version
+            short = {"dataset": "reviews+mnist-bundled", "epochs": 1, "max_train_samples": 128}
+            first = c.post("/v1/training-jobs", json=short)
+            assert first.status_code == 202, first.text
+            cfg, job_id = first.json()["config"], first.json()["id"]
+            assert (cfg["name"], cfg["version"]) == ("tiny", f"1.0.0-{job_id}")
+            arch = ("backbone", "backbone_kwargs", "ensemble", "members", "vgn", "k")
+            assert {f: cfg[f] for f in arch} == {f: getattr(served, f) for f in arch}
+            recipe = served.training["config"]
+            for f in ("loss", "lr", "lr_schedule", "batch_size", "augment", "seed", "patience"):
+                assert cfg[f] == recipe[f], f
+            assert cfg["init_from"] == str(tiny_model) and cfg["epochs"] == 1
+            export = work / "jobs" / job_id / "reviews"
+            assert cfg["dataset"] == f"imagefolder:{export}+mnist-bundled"
+
+            # one more may wait (VGE_MAX_QUEUED_JOBS=1), the next is refused and writes nothing
+            second = c.post("/v1/training-jobs", json={**short, "epochs": 200})
+            assert second.status_code == 202 and second.json()["state"] == "queued", second.text
+            second_id = second.json()["id"]
+            full = c.post("/v1/training-jobs", json=short)
+            assert full.status_code == 409, full.text
+            assert "VGE_MAX_QUEUED_JOBS=1" in full.json()["error"]
+            assert {p.parent.parent.parent.name for p in _on_disk(work)} == {job_id, second_id}
+            assert len(_on_disk(work)) == 8  # each job's own copy of the 4 labelled images
+            # a job's export goes with it: cancelled while queued, or ended (here: succeeded)
+            assert c.post(f"/v1/training-jobs/{second_id}/cancel").status_code == 200
+            assert not (work / "jobs" / second_id / "reviews").exists()
+            done = _wait(srv, job_id, TERMINAL)
+            assert done["state"] == "succeeded", done
+            assert _on_disk(work) == [] and "training" in c.get(
+                f"/v1/training-jobs/{job_id}/logs").text  # fmt: skip
+            card = read_card(done["model_dir"])
+            assert (card.name, card.version) == ("tiny", f"1.0.0-{job_id}")
+            assert card.architecture() == served.architecture()
+            assert card.training["init"]["weights_sha256"] == served.weights_sha256
+            assert card.dataset.endswith("+mnist-bundled")
+
+            # served under the same name: V2 URLs keep working
+            promoted = c.post("/v1/models/promote", json={"job_id": job_id, "force": True})
+            assert promoted.status_code == 200, promoted.text
+            info = c.get("/v1/models").json()["models"][0]
+            assert (info["name"], info["version"]) == ("tiny", f"1.0.0-{job_id}")
+            v2 = c.get(f"/v2/models/tiny/versions/1.0.0-{job_id}")
+            assert v2.status_code == 200 and v2.json()["name"] == "tiny", v2.text
+
+            # retraining the retrained model: its name, the version's job part replaced, its
+            # weights; an explicit architecture change starts from scratch (the weights differ)
+            again = c.post("/v1/training-jobs", json={"epochs": 1, "max_train_samples": 64})
+            assert again.status_code == 202, again.text
+            assert again.json()["config"]["version"] == f"1.0.0-{again.json()['id']}"
+            assert Path(again.json()["config"]["init_from"]) == Path(done["model_dir"])
+            other = c.post("/v1/training-jobs", json={"members": 4, "epochs": 1})
+            assert other.status_code == 202, other.text
+            assert other.json()["config"]["init_from"] is None
+            assert other.json()["config"]["members"] == 4 and other.json()["config"]["vgn"]
+    finally:
+        srv.stop(signal.SIGKILL)  # the last two jobs may be starting: no need to wait for them
