@@ -4,11 +4,19 @@
   shared PostgreSQL of ``VGE_DB_URL``; :mod:`service.db`), so a restart
   loses no history. Jobs that were queued or running when the server died are marked
   ``interrupted`` at the next start.
-* :class:`JobManager` — validates configs, queues jobs, runs up to ``max_concurrent_jobs`` at once,
-  each in its own process (``multiprocessing`` spawn context, lowered CPU priority) so serving
-  latency is not hurt; relays progress events; cancels cooperatively (``should_stop``), then by
-  terminating the process after a grace period. A finished job's model lands in
-  ``models_root/<job id>`` and can be promoted.
+* :class:`JobManager` — resolves and validates submissions, queues jobs (at most
+  ``max_queued_jobs`` waiting), runs up to ``max_concurrent_jobs`` at once, each in its own
+  process (``multiprocessing`` spawn context, lowered CPU priority) so serving latency is not
+  hurt; relays progress events; cancels cooperatively (``should_stop``), then by terminating the
+  process after a grace period. A finished job's model lands in ``models_root/<job id>`` and can
+  be promoted.
+
+A submission that names no architecture retrains the served model: its card's recipe, its name
+with version ``<served version>-<job id>`` (so ``/v2/models/{name}`` URLs keep working after a
+promote) and, when they fit, its weights (fine-tuning; ``"init": "scratch"`` opts out). A
+submission is validated whole before anything is written; ``reviews[+mnist-bundled]`` exports the
+labelled review images into the job's own folder (``jobs_dir/<job id>/reviews``), deleted when
+the job ends however it ends.
 
 States: ``queued`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled`` | ``interrupted``.
 """

@@ -3,16 +3,13 @@ stopping and calibration fields; ``load_config`` reads it from YAML/JSON with fl
 
 from __future__ import annotations
 
-import contextlib
 import math
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
-from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from models.checkpoint import MODEL_NAME_PATTERN, ArchitectureSpec, ModelCard
 from models.data import TORCHVISION_NAMES, parse_imagefolder
@@ -48,7 +45,7 @@ LIMITS: dict[str, int] = {
     "backbone_kwargs_list": 8,  # items of a list argument (ResNet widths/blocks: 4)
     "backbone_kwargs_str": 64,  # characters of a key or of a string argument
     "parameters": 1_000_000_000,  # the whole ensemble's parameters (WRN-28-10 DE, M = 10: 365M)
-    "modules": 20_000,  # submodules built (WRN-28-10 DE, M = 100: ~10,000); bounds the check's time
+    "build_ops": 100_000,  # torch calls to build it (WRN-28-10 DE, M = 100: 78,000); bounds the check
 }
 
 #: Fields of a served model's training config that a retraining job does not inherit
@@ -208,7 +205,7 @@ class TrainConfig(ArchitectureSpec):
         shape = dataset_shape(self.dataset)
         # an ImageFolder of unknown classes: counted with 10 classes (or k's) and 3 channels
         classes, channels = shape or (len(self.k) if isinstance(self.k, list) else 10, 3)
-        with torch.device("meta"), _bounded_build():
+        with torch.device("meta"), _BoundedBuild():
             try:
                 n = sum(p.numel() for p in self.build(classes, channels).parameters())
             except TypeError as exc:  # the backbone's constructor: an unexpected keyword
@@ -242,33 +239,30 @@ class TrainConfig(ArchitectureSpec):
         return f"{self.backbone}-{self.ensemble}{'-vgn' if self.vgn else ''}-{data}"
 
 
-@contextlib.contextmanager
-def _bounded_build() -> Iterator[None]:
-    """Stop a build on this thread once it has made ``LIMITS["modules"]`` submodules.
+class _BoundedBuild(TorchFunctionMode):
+    """Stop a build (on this thread) once it has made ``LIMITS["build_ops"]`` torch calls.
 
     Even on the meta device, building is Python work per module: bounded kwargs such as ResNet
     ``blocks: [4096, 4096, 4096, 4096]`` with 100 DE members would take minutes and gigabytes
-    before the parameter count could refuse them. Other threads' builds (the server loading a
-    model meanwhile) are not counted."""
-    from torch.nn.modules.module import register_module_module_registration_hook
+    before the parameter count could refuse them. Every parameter a module makes, and its
+    initialisation, is a torch call, so counting them bounds the work. Torch-function modes are
+    per thread: a model the server loads meanwhile on another thread is neither counted nor
+    slowed."""
 
-    owner, count = threading.get_ident(), [0]
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
 
-    def hook(module: nn.Module, name: str, submodule: nn.Module | None) -> None:
-        if threading.get_ident() != owner:
-            return
-        count[0] += 1
-        if count[0] > LIMITS["modules"]:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        self.calls += 1
+        if self.calls > LIMITS["build_ops"]:
             raise ValueError(
-                f"the ensemble would have more than {LIMITS['modules']:,} modules (the training "
-                "bound): fewer members, blocks or layers"
+                f"building the ensemble takes more than {LIMITS['build_ops']:,} tensor "
+                "operations (the training bound): fewer members, blocks or layers"
             )
-
-    handle = register_module_module_registration_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
+        return func(*args, **(kwargs or {}))
 
 
 def _kwarg_problem(item: Any) -> str | None:

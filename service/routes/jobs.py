@@ -27,14 +27,22 @@ async def create_job(
     config: Annotated[
         dict[str, Any],
         Body(
-            description="A models.training.TrainConfig: dataset, backbone, ensemble kind, M, "
-            "VGN on/off, epochs, lr, seed, ...",
+            description="Fields of a models.training.TrainConfig (dataset, epochs, lr, seed, "
+            "backbone, ensemble, members, vgn, ...) over the served model's own configuration, "
+            "and init: served | scratch. No architecture field: the served model is retrained "
+            "(its recipe, name and, by default, weights; version <served>-<job id>). Bounded: "
+            "epochs <= 1000, members <= 100, batch_size <= 4096, image_size <= 512, a few "
+            'small backbone_kwargs. Example: {"dataset": "reviews+mnist-bundled", '
+            '"epochs": 2}.',
         ),
     ],
     _: ApiKey,
     state: State,
 ) -> dict[str, Any]:
-    """Validate the config and queue the job (202 + job id); it runs in its own process."""
+    """Validate the whole submission, then queue the job (202 + job id; it runs in its own
+    process). A 422 names what is wrong or out of bounds and writes nothing; a 409 says the
+    queue is full (``VGE_MAX_QUEUED_JOBS``). Reviewed images are exported only for an accepted
+    job, into its own folder, removed when it ends."""
     return await state.engine.call("jobs.submit", config=config)
 
 

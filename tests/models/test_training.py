@@ -404,7 +404,7 @@ def test_bounds_are_422_lines_naming_the_bound(tmp_path):
         ({"backbone": "cnn4", "backbone_kwargs": {"width": 4096, "hidden": 4096}, "members": 100},
          "parameters; at most 1,000,000,000"),
         ({"backbone": "resnet18", "ensemble": "de", "members": 100,
-          "backbone_kwargs": {"blocks": [4096] * 4}}, "more than 20,000 modules"),
+          "backbone_kwargs": {"blocks": [4096] * 4}}, "more than 100,000 tensor operations"),
     ):  # fmt: skip
         with pytest.raises(ValueError, match=re.escape(words)):
             load_config(None, fields).check_architecture()
