@@ -1,0 +1,99 @@
+"""The outlier-exposure set: non-digits shown in training (Hendrycks et al., ICLR 2019), kept
+apart from the evaluation suite (:mod:`models.data_ood.suite`) source by source:
+
+* glyphs: other fonts (:data:`OUTLIER_FONTS`: DejaVu Serif and DejaVu Sans Mono, none of the
+  suite's DejaVu Sans / STIX files), the same digit-free Latin letters plus Greek and Cyrillic
+  letters and currency symbols that are not in the suite's symbol set;
+* photos: crops of other scikit-image sample images (:data:`OUTLIER_PHOTOS`, disjoint from
+  :data:`~models.data_ood.suite.SUITE_PHOTOS`);
+* noise of other families: salt-and-pepper, low-resolution block noise, blurred noise (the suite
+  has i.i.d. uniform and Gaussian pixels only);
+* shapes and textures of other families: random ellipses/rectangles/polygons, smooth random
+  fields, rings and plaids (the suite has constant images, straight stripes, checkerboards and
+  linear/radial ramps);
+* a seed sequence of its own (:data:`OUTLIER_TAG`), so no generator state is shared either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from models.data_ood import render
+from models.data_ood.suite import LATIN
+
+__all__ = [
+    "OUTLIER_CHARS",
+    "OUTLIER_FAMILIES",
+    "OUTLIER_FONTS",
+    "OUTLIER_PHOTOS",
+    "OUTLIER_TAG",
+    "outlier_exposure_set",
+]
+
+OUTLIER_TAG = 0x7A1D
+OUTLIER_FONTS = (
+    "DejaVuSerif.ttf",
+    "DejaVuSerif-Bold.ttf",
+    "DejaVuSerif-Italic.ttf",
+    "DejaVuSerif-BoldItalic.ttf",
+    "DejaVuSansMono.ttf",
+    "DejaVuSansMono-Bold.ttf",
+    "DejaVuSansMono-Oblique.ttf",
+    "DejaVuSansMono-BoldOblique.ttf",
+)
+#: Greek and Cyrillic letters that do not look like digits, and symbols not in the suite.
+OUTLIER_CHARS = LATIN + "αγεηκλμνξπρτφχψωΓΔΛΞΠΣΦΨΩДЖИЙЛФЦШЩЫЮЯжилфцшщыюя^€£¥"
+OUTLIER_PHOTOS = (
+    "chelsea",
+    "rocket",
+    "gravel",
+    "cell",
+    "immunohistochemistry",
+    "text",
+    "horse",
+    "logo",
+    "clock",
+    "microaneurysms",
+    "lfw_subset",
+    "stereo_motorcycle",
+    "shepp_logan_phantom",
+    "colorwheel",
+)
+#: Families of the set with their share of it.
+OUTLIER_FAMILIES: dict[str, tuple[float, Callable[[np.random.Generator], np.ndarray]]] = {
+    "glyphs": (0.30, lambda rng: render.glyph(rng, OUTLIER_CHARS, OUTLIER_FONTS)),
+    "photos": (0.30, lambda rng: render.photo_crop(rng, OUTLIER_PHOTOS)),
+    "salt_pepper": (0.05, render.salt_pepper),
+    "block_noise": (0.05, render.block_noise),
+    "blurred_noise": (0.05, render.blurred_noise),
+    "shapes": (0.10, render.shapes),
+    "smooth_field": (0.10, render.smooth_field),
+    "plaid": (0.05, render.plaid),
+}
+
+
+def outlier_exposure_set(n: int = 12000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` outlier images uint8 ``(n, 28, 28)`` and their family index ``(n,)`` (into
+    :data:`OUTLIER_FAMILIES`), each family from ``default_rng([OUTLIER_TAG, seed, family])``.
+    Constant images (a flat photo crop) are redrawn: those belong to the suite's ``blank`` group.
+    Different seeds give different sets (training uses the config's seed; a validation set for
+    choosing the outlier-exposure recipe uses another)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1; got {n}")
+    names = list(OUTLIER_FAMILIES)
+    shares = np.array([OUTLIER_FAMILIES[f][0] for f in names])
+    counts = np.floor(shares / shares.sum() * n).astype(int)
+    counts[0] += n - counts.sum()
+    images, family = [], []
+    for i, (name, count) in enumerate(zip(names, counts, strict=True)):
+        rng = np.random.default_rng([OUTLIER_TAG, seed, i])
+        draw = OUTLIER_FAMILIES[name][1]
+        for _ in range(count):
+            img = draw(rng)
+            while img.min() == img.max():  # a flat crop is a blank image: the suite's, not ours
+                img = draw(rng)
+            images.append(img)
+        family += [i] * int(count)
+    return np.stack(images).astype(np.uint8), np.asarray(family, np.int64)
