@@ -64,11 +64,14 @@ def check_api_key(settings: Any, headers: Mapping[str, str]) -> None:
         raise Forbidden("wrong API key")
 
 
-def check_reviewer(settings: Any, headers: Mapping[str, str]) -> None:
-    """Pass with the reviewer key or the admin API key; with neither configured the review
-    endpoints are disabled (403), like the admin endpoints."""
-    keys = [k for k in (settings.reviewer_key, settings.api_key) if k is not None]
-    if not keys:
+def check_reviewer(settings: Any, headers: Mapping[str, str]) -> tuple[str | None, str]:
+    """Pass with the reviewer key, a personal reviewer key (``VGE_REVIEWER_KEYS``) or the admin
+    API key; with none configured the review endpoints are disabled (403), like the admin
+    endpoints. Returns who acts: ``(name, "key")`` for a personal key, else
+    ``(None, "shared_key")`` (the client names itself; service.routes.reviews)."""
+    personal = settings.reviewer_names()  # key -> reviewer name
+    keys = [k.get_secret_value() for k in (settings.reviewer_key, settings.api_key) if k]
+    if not keys and not personal:
         raise Forbidden(
             "the review API is disabled: start the server with VGE_REVIEWER_KEY (or VGE_API_KEY)"
         )
@@ -79,9 +82,13 @@ def check_reviewer(settings: Any, headers: Mapping[str, str]) -> None:
             headers={"WWW-Authenticate": "Bearer"},
         )
     # Compare with every key (no early exit) so timing does not tell which one is configured.
-    ok = [secrets.compare_digest(presented.encode(), k.get_secret_value().encode()) for k in keys]
+    ok = [secrets.compare_digest(presented.encode(), k.encode()) for k in (*keys, *personal)]
     if not any(ok):
         raise Forbidden("wrong reviewer key")
+    names = [
+        n for k, n in personal.items() if secrets.compare_digest(presented.encode(), k.encode())
+    ]
+    return (names[0], "key") if names else (None, "shared_key")
 
 
 async def require_api_key(request: Request) -> None:
@@ -90,8 +97,9 @@ async def require_api_key(request: Request) -> None:
 
 
 async def require_reviewer(request: Request) -> None:
-    """FastAPI dependency for the review API: the reviewer key or the admin API key."""
-    check_reviewer(request.app.state.settings, request.headers)
+    """FastAPI dependency for the review API: the reviewer key or the admin API key; who acts
+    is ``request.state.reviewer`` (:func:`check_reviewer`)."""
+    request.state.reviewer = check_reviewer(request.app.state.settings, request.headers)
 
 
 ApiKey = Annotated[None, Depends(require_api_key)]

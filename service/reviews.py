@@ -13,7 +13,8 @@ no extra hop through the engine:
   (``already_queued`` returns the existing id, so reviewers never label the same image twice).
 
 States: ``pending`` → ``reviewed`` (a label from the model's classes) | ``skipped``; a skipped item
-can still be labelled later. Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
+can still be labelled later, and a reviewed one relabelled: every earlier label stays in the item's
+``history`` (label, reviewer, how the reviewer was identified, time), oldest first. Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
 one reviewer for a lease; until it expires no other reviewer is handed that item (PostgreSQL:
 ``FOR UPDATE SKIP LOCKED``; SQLite: one writer at a time, so the ``UPDATE … RETURNING`` is atomic).
 Bounded: at most ``max_items`` pending items and ``max_bytes`` of their images (checked before
@@ -85,7 +86,9 @@ CREATE TABLE IF NOT EXISTS reviews (
     reviewed_at DOUBLE PRECISION,
     claimed_by TEXT,
     claim_expires DOUBLE PRECISION,
-    size BIGINT NOT NULL DEFAULT 0
+    size BIGINT NOT NULL DEFAULT 0,
+    reviewer_via TEXT,
+    history TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS reviews_state_created ON reviews (state, created_at, id);
 CREATE INDEX IF NOT EXISTS reviews_state_vgmu ON reviews (state, vgmu, id);
@@ -167,6 +170,13 @@ class BlobStore:
 
     def delete(self, sha: str) -> None:
         self.path(sha).unlink(missing_ok=True)
+
+
+#: Per order: the sort key, and the ORDER BY (the id breaks ties, so pages never overlap).
+_ORDER: dict[str, tuple[str, str]] = {
+    "oldest": ("created_at", "created_at, id"),
+    "vgmu": ("vgmu", "vgmu DESC, id"),  # VGMU: higher = less sure; the most uncertain first
+}
 
 
 def _encode_cursor(key: float, item_id: str) -> str:
@@ -309,6 +319,8 @@ class ReviewStore:
         try:
             db.script(SCHEMA)
             db.add_column("reviews", "size", "BIGINT NOT NULL DEFAULT 0")  # queues before 0.3
+            db.add_column("reviews", "reviewer_via", "TEXT")  # before reviewer identities
+            db.add_column("reviews", "history", "TEXT NOT NULL DEFAULT '[]'")  # before relabels
             self._fill_sizes(db)
             self.blobs.root.mkdir(parents=True, exist_ok=True)
             probe = self.blobs.root / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -536,20 +548,22 @@ class ReviewStore:
         limit: int = 50,
         cursor: str | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """One page of items in ``state``: oldest first, or ``order="vgmu"`` most uncertain
-        (lowest VGMU) first; keyset pagination by ``cursor``."""
-        key = "created_at" if order == "oldest" else "vgmu"
+        """One page of items in ``state``: oldest first, or ``order="vgmu"`` most uncertain first
+        (VGMU is an uncertainty: the highest first); keyset pagination by ``cursor`` (the sort key
+        and id of the page's last item: the next page continues after it in the same order)."""
+        key, sort = _ORDER[order]
         where, params = ["state = ?"], [state]
         if model:
             where.append("model = ?")
             params.append(model)
         if cursor:
             after_key, after_id = _decode_cursor(cursor)
-            where.append(f"({key} > ? OR ({key} = ? AND id > ?))")
+            past = ">" if order == "oldest" else "<"
+            where.append(f"({key} {past} ? OR ({key} = ? AND id > ?))")
             params += [after_key, after_key, after_id]
         with self._use() as db:
             rows = db.fetchall(
-                f"SELECT * FROM reviews WHERE {' AND '.join(where)} ORDER BY {key}, id LIMIT ?",
+                f"SELECT * FROM reviews WHERE {' AND '.join(where)} ORDER BY {sort} LIMIT ?",
                 (*params, limit + 1),
             )
         more = len(rows) > limit
@@ -592,6 +606,8 @@ class ReviewStore:
             "label": row["label"],
             "reviewer": row["reviewer"],
             "reviewed_at": row["reviewed_at"],
+            "reviewer_via": row.get("reviewer_via"),
+            "history": json.loads(row.get("history") or "[]"),
             "claimed_by": row["claimed_by"],
             "claim_expires": row["claim_expires"],
         }
@@ -605,14 +621,15 @@ class ReviewStore:
         model: str | None = None,
         now: float | None = None,
     ) -> dict[str, Any] | None:
-        """Hand the next pending item that nobody else holds to ``reviewer`` for ``lease_s``.
+        """Hand the next pending item that nobody else holds to ``reviewer`` for ``lease_s``:
+        the oldest, or with ``order="vgmu"`` the most uncertain (highest VGMU).
 
         An item this reviewer already holds comes first (a reloaded page gets its item back).
         Two reviewers — in one process or in two replicas on one PostgreSQL — never hold the same
         item at once.
         """
         now = time.time() if now is None else now
-        key = "created_at" if order == "oldest" else "vgmu"
+        sort = _ORDER[order][1]
         filt = "state = 'pending' AND (claimed_by IS NULL OR claim_expires < ? OR claimed_by = ?)"
         params: list[Any] = [now, reviewer]
         if model:
@@ -622,24 +639,44 @@ class ReviewStore:
             row = db.fetchone(
                 "UPDATE reviews SET claimed_by = ?, claim_expires = ? WHERE id = ("
                 f"SELECT id FROM reviews WHERE {filt} "
-                f"ORDER BY CASE WHEN claimed_by = ? THEN 0 ELSE 1 END, {key}, id LIMIT 1{db.skip_locked}) "
+                f"ORDER BY CASE WHEN claimed_by = ? THEN 0 ELSE 1 END, {sort} LIMIT 1"
+                f"{db.skip_locked}) "
                 "AND state = 'pending' RETURNING *",
                 (reviewer, now + self.lease_s, *params, reviewer),
             )
         return self._public(row) if row else None
 
     def label(
-        self, item_id: str, label: str, reviewer: str, now: float | None = None
+        self,
+        item_id: str,
+        label: str,
+        reviewer: str,
+        now: float | None = None,
+        *,
+        via: str | None = None,
     ) -> dict[str, Any]:
-        """Record a human label (one of the item's model classes, else 422) → ``reviewed``."""
-        return self._close(item_id, "reviewed", reviewer, label, now)
+        """Record a human label (one of the item's model classes, else 422) → ``reviewed``.
 
-    def skip(self, item_id: str, reviewer: str, now: float | None = None) -> dict[str, Any]:
+        A reviewed item is relabelled: its label, reviewer and time move to ``history`` (the
+        answer says ``relabelled: true``). ``via`` says how the reviewer was identified (a
+        personal key, or a name given with the shared key; :mod:`service.routes.reviews`).
+        """
+        return self._close(item_id, "reviewed", reviewer, label, now, via)
+
+    def skip(
+        self, item_id: str, reviewer: str, now: float | None = None, *, via: str | None = None
+    ) -> dict[str, Any]:
         """Take a pending item out of the queue without a label → ``skipped``."""
-        return self._close(item_id, "skipped", reviewer, None, now)
+        return self._close(item_id, "skipped", reviewer, None, now, via)
 
     def _close(
-        self, item_id: str, state: str, reviewer: str, label: str | None, now: float | None
+        self,
+        item_id: str,
+        state: str,
+        reviewer: str,
+        label: str | None,
+        now: float | None,
+        via: str | None,
     ) -> dict[str, Any]:
         now = time.time() if now is None else now
         with self._use(writes=True) as conn, conn.transaction() as db:
@@ -651,7 +688,7 @@ class ReviewStore:
                     f"label {label!r} is not a class of model {row['model']!r}: use one of "
                     f"{', '.join(json.loads(row['classes']))}"
                 )
-            if row["state"] == "reviewed" or (state == "skipped" and row["state"] != "pending"):
+            if state == "skipped" and row["state"] != "pending":
                 raise Conflict(f"review {item_id} is already {row['state']}")
             holder = row["claimed_by"]
             if holder and holder != reviewer and (row["claim_expires"] or 0) > now:
@@ -659,14 +696,23 @@ class ReviewStore:
                     f"review {item_id} is claimed by {holder!r} until their lease ends; "
                     "claim another item"
                 )
+            history = json.loads(row.get("history") or "[]")
+            relabel = row["state"] == "reviewed"
+            if row["state"] != "pending":  # what it said before (a skip, or an earlier label)
+                history.append({
+                    "state": row["state"], "label": row["label"], "reviewer": row["reviewer"],
+                    "reviewer_via": row.get("reviewer_via"), "at": row["reviewed_at"],
+                })  # fmt: skip
             db.execute(
-                "UPDATE reviews SET state = ?, label = ?, reviewer = ?, reviewed_at = ?, "
-                "claimed_by = NULL, claim_expires = NULL WHERE id = ?",
-                (state, label, reviewer, now, item_id),
+                "UPDATE reviews SET state = ?, label = ?, reviewer = ?, reviewer_via = ?, "
+                "reviewed_at = ?, history = ?, claimed_by = NULL, claim_expires = NULL "
+                "WHERE id = ?",
+                (state, label, reviewer, via, now, json.dumps(history), item_id),
             )
             row.update(state=state, label=label, reviewer=reviewer, reviewed_at=now)
+            row.update(reviewer_via=via, history=json.dumps(history))
             row.update(claimed_by=None, claim_expires=None)
-        return self._public(row)
+        return {**self._public(row), "relabelled": relabel}
 
     # ------------------------------------------------------------------ statistics, export
     def stats(self, model: str | None = None) -> dict[str, Any]:
@@ -753,6 +799,37 @@ def chosen_for_review(policy: ReviewPolicy, records: Sequence[dict[str, Any]]) -
     return []
 
 
+def has_review_key(settings: Any, headers: Any) -> bool:
+    """Whether a request carries the API key or a reviewer key (shared or personal)."""
+    from service.auth import check_reviewer
+    from service.errors import ServiceError
+
+    try:
+        check_reviewer(settings, headers)
+    except ServiceError:
+        return False
+    return True
+
+
+def check_policy(settings: Any, headers: Any, policy: str | None) -> None:
+    """``review=always`` needs the API key or a reviewer key (401/403): anonymous clients could
+    otherwise fill the queue, and real abstentions would find it full. Without a key only
+    ``auto`` (the server decides) and ``never``."""
+    if policy != "always":
+        return
+    from service.auth import check_reviewer
+    from service.errors import Forbidden, Unauthorized
+
+    try:
+        check_reviewer(settings, headers)
+    except (Unauthorized, Forbidden) as exc:
+        raise type(exc)(
+            f"review=always needs the API key or a reviewer key ({exc.message}); without a key "
+            "use review=auto (the server queues what abstains) or leave review out",
+            headers=exc.headers,
+        ) from None
+
+
 def queue_answers(
     store: ReviewStore,
     metrics: Any,
@@ -763,8 +840,13 @@ def queue_answers(
     policy: ReviewPolicy,
     blobs: Sequence[bytes],
     records: list[dict[str, Any]],
+    reveal: bool = True,
 ) -> None:
     """Queue the chosen images and mark their answers with ``review_id`` and ``review_status``.
+
+    ``reveal`` False (a client without a key): ``queued`` and ``already_queued`` both answer
+    ``queued`` with ``review_id`` null, so an anonymous client learns neither another client's
+    item id nor whether an image was already pending.
 
     Runs in a thread (file and database writes). A failure to store never fails the prediction:
     an unavailable store (see the module's docstring) answers ``review_status: "unavailable"``
@@ -787,8 +869,9 @@ def queue_answers(
         log.exception("review queue: storing %d images failed", len(chosen))
         results = [Enqueued(None, "error")] * len(chosen)
     for i, res in zip(chosen, results, strict=True):
-        records[i]["review_id"] = res.review_id
-        records[i]["review_status"] = res.status
+        hide = not reveal and res.status in ("queued", "already_queued")
+        records[i]["review_id"] = None if hide else res.review_id
+        records[i]["review_status"] = "queued" if hide else res.status
         metrics.review_enqueued.labels(model=model, status=res.status).inc()
 
 

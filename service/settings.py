@@ -23,6 +23,26 @@ __all__ = ["ABSTAIN_K_MAX", "ABSTAIN_K_MIN", "Settings"]
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
+def parse_reviewer_keys(text: str) -> dict[str, str]:
+    """``name:key,name:key`` → {key: name}; an error names the entry by its position and name,
+    never its key."""
+    out: dict[str, str] = {}
+    for n, entry in enumerate((e.strip() for e in text.split(",") if e.strip()), start=1):
+        name, sep, key = entry.partition(":")
+        name, key = name.strip(), key.strip()
+        if not sep or not name or len(name) > 200:
+            raise ValueError(
+                f"reviewer_keys entry {n} is not 'name:key' (VGE_REVIEWER_KEYS="
+                "'alice:<key>,bob:<key>')"
+            )
+        if len(key) < 8:
+            raise ValueError(f"reviewer_keys: the key of {name!r} is shorter than 8 characters")
+        if key in out or name in out.values():
+            raise ValueError(f"reviewer_keys: {name!r} or its key is given twice")
+        out[key] = name
+    return out
+
+
 class Settings(BaseSettings):
     """Service configuration; ``VGE_<NAME>`` environment variables, overridden by CLI flags."""
 
@@ -236,6 +256,12 @@ class Settings(BaseSettings):
         None,
         description="Key for the review API and page (the api_key works too); unset both: off.",
     )
+    reviewer_keys: SecretStr | None = Field(
+        None,
+        description="Personal reviewer keys, 'name:key,name:key' (environment only): a label or "
+        "claim made with one is recorded under its name (reviewer_via 'key'); the shared "
+        "reviewer_key records the name the client gives (reviewer_via 'shared_key').",
+    )
 
     # --- training jobs -----------------------------------------------------------------------
     jobs_db_url: str = Field(
@@ -294,6 +320,19 @@ class Settings(BaseSettings):
         from service.db import check_url
 
         return None if v is None else check_url(v, "db_url (VGE_DB_URL / --db-url)")
+
+    @field_validator("reviewer_keys")
+    @classmethod
+    def _check_reviewer_keys(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            parse_reviewer_keys(v.get_secret_value())  # raises naming the bad entry, not its key
+        return v
+
+    def reviewer_names(self) -> dict[str, str]:
+        """``VGE_REVIEWER_KEYS`` as key → reviewer name (empty when unset)."""
+        if self.reviewer_keys is None:
+            return {}
+        return parse_reviewer_keys(self.reviewer_keys.get_secret_value())
 
     @field_validator("reviewer_key")
     @classmethod

@@ -15,7 +15,13 @@ from service.deps import ServiceState, service_state
 from service.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.inference import predict_images, resolve_options
 from service.multipart import INLINE_PARSE_BYTES, parse_form_async
-from service.reviews import ReviewPolicy, chosen_for_review, queue_answers
+from service.reviews import (
+    ReviewPolicy,
+    check_policy,
+    chosen_for_review,
+    has_review_key,
+    queue_answers,
+)
 from service.routes.direct import add_direct_route
 from service.routes.schemas import (
     PredictJSON,
@@ -157,16 +163,17 @@ async def predict(request: Request) -> Response:
     options = resolve_options(
         state, model, abstain_k=opts.abstain_k, vgmu_on=opts.vgmu_on, top_k=opts.top_k
     )
-    review = _review_policy(state, opts.review)
+    review = _review_policy(state, opts.review, request)
     columns = await predict_images(state, model, blobs, options, opts.timeout_s)
     # Plain floats, ints, bools and strings built by ScoreColumns.records: json.dumps (C) encodes
     # them directly; validating them through a pydantic response model cost ~10 % of a request.
     records = columns.records(list(model.class_names), options.abstain_k)
     queue = state.reviews if review != "never" else None
     if queue is not None and chosen_for_review(review, records):  # off the loop: file + DB writes
+        reveal = review == "always" or has_review_key(state.settings, request.headers)
         await asyncio.to_thread(
             queue_answers, queue, state.metrics, model=model.name, model_version=model.version,
-            classes=model.class_names, policy=review, blobs=blobs, records=records,
+            classes=model.class_names, policy=review, blobs=blobs, records=records, reveal=reveal,
         )  # fmt: skip
     body = {"model": model.name, "model_version": model.version, "results": records}
     return Response(json.dumps(body, separators=(",", ":")), media_type="application/json")
@@ -176,14 +183,18 @@ add_direct_route(  # the request in, the Response out, past FastAPI (routes/dire
     router,
     "/predict",
     predict,
-    responses={200: {"model": PredictResponse, "description": "One result per image."}},
+    responses={
+        200: {"model": PredictResponse, "description": "One result per image."},
+        **error_responses(401, 403),  # review=always without the API or a reviewer key
+    },
     openapi_extra=_BODY_DOC,
 )
 
 
-def _review_policy(state: ServiceState, asked: str | None) -> ReviewPolicy:
+def _review_policy(state: ServiceState, asked: str | None, request: Request) -> ReviewPolicy:
     """The request's review policy: ``auto`` by default when the queue is on, else ``never``; asking
-    for a queue that is off is a 422 (the images would silently not reach a human)."""
+    for a queue that is off is a 422 (the images would silently not reach a human); ``always``
+    needs a key (service.reviews.check_policy)."""
     if state.reviews is None:
         if asked in ("auto", "always"):
             raise InvalidValue(
@@ -191,6 +202,7 @@ def _review_policy(state: ServiceState, asked: str | None) -> ReviewPolicy:
                 "VGE_REVIEW_QUEUE=on, or leave review out"
             )
         return "never"
+    check_policy(state.settings, request.headers, asked)
     return asked or "auto"  # type: ignore[return-value]
 
 

@@ -1,23 +1,32 @@
 """``/v1/reviews``: the human review queue's API, and ``GET /review``, the reviewer page.
 
 Thin routes over :class:`service.reviews.ReviewStore` (every front end opens the shared store
-itself; nothing goes through the engine). All ``/v1/reviews`` endpoints need the reviewer key
-(``VGE_REVIEWER_KEY``) or the admin key (``VGE_API_KEY``) as ``Authorization: Bearer``.
+itself; nothing goes through the engine). All ``/v1/reviews`` endpoints need a reviewer key as
+``Authorization: Bearer``: a personal one (``VGE_REVIEWER_KEYS="alice:<key>,bob:<key>"``), whose
+name is who acts (a ``reviewer`` in the body is then ignored: the key's name is recorded), or the
+shared ``VGE_REVIEWER_KEY`` (or the admin ``VGE_API_KEY``), with which the client names itself
+(``reviewer`` in the body, default ``"reviewer"``) and the item records ``reviewer_via:
+"shared_key"``: a claimed name, not a verified one. Claim and skip need no body. A store that is
+unavailable answers 503 naming it (service.reviews). The page and the images are sent with a
+Content-Security-Policy (``frame-ancestors 'none'``) and ``X-Content-Type-Options: nosniff``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import io
+import re
 import tarfile
 import time
 from collections.abc import Iterator
 from importlib.resources import files
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from service.auth import ReviewerKey
 from service.deps import State
@@ -25,20 +34,33 @@ from service.reviews import ReviewStore
 from service.routes.schemas import error_responses
 
 router = APIRouter(
-    prefix="/v1/reviews", tags=["reviews"], responses=error_responses(400, 401, 403, 404, 422)
-)
+    prefix="/v1/reviews", tags=["reviews"],
+    responses=error_responses(400, 401, 403, 404, 422, 503),
+)  # fmt: skip
 page_router = APIRouter(tags=["reviews"])
 
 Reviewer = Annotated[
-    str, Field(min_length=1, max_length=200, description="Who reviews (free text).")
+    str | None,
+    Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="Who reviews, with the shared reviewer key (recorded as claimed, "
+        "reviewer_via shared_key; default 'reviewer'). A personal key's name wins over it.",
+    ),
 ]
+#: The reviewer name of the shared key when the client gives none.
+DEFAULT_REVIEWER = "reviewer"
 ModelName = Annotated[str | None, Query(max_length=128, description="Only this model's items.")]
 
 
 class LabelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    label: str = Field(min_length=1, max_length=200, description="One of the model's classes.")
+    label: Annotated[str, Field(min_length=1, max_length=200)] | Annotated[int, Strict()] = Field(
+        description="One of the model's classes; an integer names the class of that name (9 for "
+        'class "9").'
+    )
     reviewer: Reviewer
 
 
@@ -52,12 +74,25 @@ class ClaimRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reviewer: Reviewer
-    order: Literal["oldest", "vgmu"] = "oldest"
+    order: Literal["oldest", "vgmu"] = Field(
+        "oldest", description="oldest first, or vgmu: the most uncertain (highest VGMU) first"
+    )
     model: str | None = Field(None, max_length=128)
 
 
+def _who(request: Request, given: str | None) -> tuple[str, str]:
+    """Who acts and how they were identified: a personal key's name (``key``), else the name the
+    client gives with the shared key (``shared_key``)."""
+    name, via = getattr(request.state, "reviewer", (None, "shared_key"))
+    if name is not None:
+        return name, via
+    return given or DEFAULT_REVIEWER, via
+
+
 def _closed(state: State, item: dict[str, Any]) -> dict[str, Any]:
-    """Count a label or skip in the review metrics."""
+    """Count a label or skip in the review metrics (a relabel is not a second review)."""
+    if item.get("relabelled"):
+        return item
     m = state.metrics
     if item["state"] == "skipped":
         outcome = "skipped"
@@ -82,7 +117,8 @@ async def list_reviews(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> dict[str, Any]:
-    """Items in a state, oldest first (``order=vgmu``: most uncertain first), a page at a time."""
+    """Items in a state, oldest first (``order=vgmu``: most uncertain, highest VGMU, first), a
+    page at a time (``next_cursor`` continues in the same order)."""
     store = state.review_store()
     reviews, nxt = await asyncio.to_thread(
         store.list, state=review_state, model=model, order=order, limit=limit, cursor=cursor
@@ -130,13 +166,17 @@ def _tar_stream(store: ReviewStore, model: str | None) -> Iterator[bytes]:
 
 
 @router.post("/claim")
-async def claim_review(body: ClaimRequest, _: ReviewerKey, state: State) -> dict[str, Any]:
+async def claim_review(
+    _: ReviewerKey, state: State, request: Request, body: ClaimRequest | None = None
+) -> dict[str, Any]:
     """Hand the next pending item to this reviewer for a lease (``review`` null when none);
-    no two reviewers hold the same item, across replicas too."""
+    no two reviewers hold the same item, across replicas too. The body is optional."""
+    body = body or ClaimRequest()
     store = state.review_store()
-    item = await asyncio.to_thread(store.claim, body.reviewer, order=body.order, model=body.model)
+    who, _via = _who(request, body.reviewer)
+    item = await asyncio.to_thread(store.claim, who, order=body.order, model=body.model)
     pending = await asyncio.to_thread(store.pending_count, body.model)
-    return {"review": item, "pending": pending, "lease_s": store.lease_s}
+    return {"review": item, "pending": pending, "lease_s": store.lease_s, "reviewer": who}
 
 
 @router.get("/{review_id}")
@@ -151,33 +191,69 @@ async def get_review(review_id: str, _: ReviewerKey, state: State) -> dict[str, 
     responses={200: {"content": {"image/*": {}}, "description": "The original image bytes."}},
 )
 async def review_image(review_id: str, _: ReviewerKey, state: State) -> Response:
-    """The original bytes of the queued image, with their content type."""
+    """The original bytes of the queued image, with their content type (never run as a page:
+    ``nosniff`` and a CSP that allows nothing, not even framing)."""
     data, ctype = await asyncio.to_thread(state.review_store().image, review_id)
-    return Response(data, media_type=ctype, headers={"Cache-Control": "private, max-age=3600"})
+    headers = {"Cache-Control": "private, max-age=3600", **IMAGE_HEADERS}
+    return Response(data, media_type=ctype, headers=headers)
 
 
 @router.post("/{review_id}", responses=error_responses(409))
 async def label_review(
-    review_id: str, body: LabelRequest, _: ReviewerKey, state: State
+    review_id: str, body: LabelRequest, _: ReviewerKey, state: State, request: Request
 ) -> dict[str, Any]:
-    """Record the human label (one of the model's classes, else 422) → ``reviewed``."""
-    item = await asyncio.to_thread(state.review_store().label, review_id, body.label, body.reviewer)
+    """Record the human label (one of the model's classes, else 422) → ``reviewed``; a reviewed
+    item is relabelled (its earlier labels stay in ``history``)."""
+    who, via = _who(request, body.reviewer)
+    item = await asyncio.to_thread(
+        state.review_store().label, review_id, str(body.label), who, via=via
+    )
     return _closed(state, item)
 
 
 @router.post("/{review_id}/skip", responses=error_responses(409))
 async def skip_review(
-    review_id: str, body: SkipRequest, _: ReviewerKey, state: State
+    review_id: str, _: ReviewerKey, state: State, request: Request, body: SkipRequest | None = None
 ) -> dict[str, Any]:
-    """Take a pending item out of the queue without a label → ``skipped``."""
-    item = await asyncio.to_thread(state.review_store().skip, review_id, body.reviewer)
+    """Take a pending item out of the queue without a label → ``skipped`` (the body is
+    optional)."""
+    who, via = _who(request, body.reviewer if body else None)
+    item = await asyncio.to_thread(state.review_store().skip, review_id, who, via=via)
     return _closed(state, item)
 
 
 _PAGE = files("service.static").joinpath("review.html")
 
 
+def _page_headers(html: str) -> dict[str, str]:
+    """The page's CSP: its one inline script by hash, requests to this origin only, images from
+    the blob: URLs it makes, no framing, no plugins, no forms posted elsewhere."""
+    scripts = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(js.encode()).digest()).decode() + "'"
+        for js in scripts
+    )
+    csp = (
+        f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src blob:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    return {**SECURITY_HEADERS, "Content-Security-Policy": csp}
+
+
+#: Sent with the page and the images (issue 28: the browser must not sniff, frame or run them).
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+IMAGE_HEADERS = {
+    **SECURITY_HEADERS,
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'; sandbox",
+}
+
+
 @page_router.get("/review", response_class=HTMLResponse, include_in_schema=False)
 async def review_page() -> HTMLResponse:
     """The reviewer page: plain HTML + JavaScript, no build step, no CDN (works offline)."""
-    return HTMLResponse(_PAGE.read_text(encoding="utf-8"))
+    html = _PAGE.read_text(encoding="utf-8")
+    return HTMLResponse(html, headers=_page_headers(html))

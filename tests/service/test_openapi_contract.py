@@ -45,7 +45,8 @@ def test_openapi_contract_holds_with_the_review_queue_on(
     )  # fmt: skip
     try:
         files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[:4])]
-        httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30)
+        httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30,
+                   headers={"Authorization": f"Bearer {API_KEY}"})  # fmt: skip
         _run(srv, True, tmp_path)
     finally:
         srv.stop()

@@ -204,7 +204,7 @@ def _children(pid: int) -> dict[str, list[int]]:
 
 
 def _predict(srv: Server, png: bytes) -> dict[str, object]:
-    r = httpx.post(srv.url + "/v1/predict", params={"review": "always"},
+    r = httpx.post(srv.url + "/v1/predict", params={"review": "always"}, headers=R,
                    files=[("images", ("x.png", png, "image/png"))], timeout=30)  # fmt: skip
     assert r.status_code == 200, r.text
     return r.json()["results"][0]

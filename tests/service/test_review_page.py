@@ -67,8 +67,14 @@ def test_reviewer_labels_with_the_keyboard(
     srv: Server = start_server(work, tiny_model, review_queue="on", reviewer_key=KEY, workers=1)
     try:
         files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[20:23])]
-        r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30)
+        r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
         ids = [x["review_id"] for x in r.json()["results"]]
+        # The page and the images: a CSP (no framing, the page's own script only) and nosniff.
+        for resp in (httpx.get(srv.url + "/review"),
+                     httpx.get(f"{srv.url}/v1/reviews/{ids[0]}/image", headers=H)):  # fmt: skip
+            csp = resp.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in csp and "default-src 'none'" in csp, csp
+            assert resp.headers["x-content-type-options"] == "nosniff"
 
         browser.get(srv.url + "/review")
         browser.find_element(By.ID, "key").send_keys(KEY)

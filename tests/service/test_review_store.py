@@ -97,13 +97,16 @@ def test_a_queue_from_before_the_byte_bound_gets_its_size_column(tmp_path: Path)
 
     path = tmp_path / "old.sqlite3"
     old_schema = SCHEMA.replace(",\n    size BIGINT NOT NULL DEFAULT 0", "")
-    assert "size" not in old_schema
+    old_schema = old_schema.replace(
+        ",\n    reviewer_via TEXT,\n    history TEXT NOT NULL DEFAULT '[]'", ""
+    )
+    assert "size" not in old_schema and "history" not in old_schema
     with sqlite3.connect(path) as conn:
         conn.executescript(old_schema)
         conn.execute(
             "INSERT INTO reviews (id, created_at, model, model_version, sha256, content_type, "
             "prediction, vgmu, answer, classes) VALUES ('a', 1, 'm', '1', 'x', 'image/png', '3', "
-            "0.5, '{}', '[]')"
+            "0.5, '{}', '[\"3\", \"5\"]')"
         )
     (tmp_path / "blobs" / "ab").mkdir(parents=True)
     (tmp_path / "blobs" / "ab" / "abcd").write_bytes(b"\0" * 2500)  # item a's image
@@ -114,6 +117,8 @@ def test_a_queue_from_before_the_byte_bound_gets_its_size_column(tmp_path: Path)
     assert store.pending_count() == 1
     assert queue(store, PNG + b"new").status == "queued"  # 2,500 + 17 bytes
     assert queue(store, PNG + b"x" * 600).status == "queue_full"  # item a's image counts
+    store.label("a", "3", "ann")  # the label-history columns were added too: relabel works
+    assert store.label("a", "5", "bob")["history"][0]["label"] == "3"
 
 
 def test_list_orders_and_paginates(db_url: str, tmp_path: Path) -> None:
@@ -124,8 +129,13 @@ def test_list_orders_and_paginates(db_url: str, tmp_path: Path) -> None:
     assert [r["id"] for r in page] == ids[:2] and cursor
     rest, end = store.list(limit=10, cursor=cursor)
     assert [r["id"] for r in rest] == ids[2:] and end is None
-    by_vgmu, _ = store.list(order="vgmu", limit=10)
-    assert [r["answer"]["vgmu"] for r in by_vgmu] == [0.1, 0.3, 0.5, 0.7, 0.9]
+    # VGMU is an uncertainty (higher = less sure): the most uncertain first, page after page.
+    by_vgmu, more = store.list(order="vgmu", limit=2)
+    rest_vgmu, done = store.list(order="vgmu", limit=10, cursor=more)
+    assert [r["answer"]["vgmu"] for r in by_vgmu + rest_vgmu] == [0.9, 0.7, 0.5, 0.3, 0.1]
+    assert done is None
+    assert store.claim("ann", order="vgmu", now=2000.0)["id"] == ids[0]  # vgmu 0.9
+    assert store.claim("bob", order="vgmu", now=2000.0)["id"] == ids[4]  # vgmu 0.7
     with pytest.raises(InvalidValue, match="cursor"):
         store.list(cursor="not-a-cursor")
     assert store.list(state="reviewed")[0] == []
@@ -140,10 +150,21 @@ def test_label_validation_and_state_changes(db_url: str, tmp_path: Path) -> None
         store.label("nope", "3", "ann")
     skipped = store.skip(rid, "ann")
     assert skipped["state"] == "skipped"
-    reviewed = store.label(rid, "8", "bob")  # a skipped item can still be labelled
+    reviewed = store.label(rid, "8", "bob", now=10.0)  # a skipped item can still be labelled
     assert (reviewed["state"], reviewed["label"], reviewed["reviewer"]) == ("reviewed", "8", "bob")
+    assert not reviewed["relabelled"]
     with pytest.raises(Conflict, match="already reviewed"):
-        store.label(rid, "3", "ann")
+        store.skip(rid, "ann")
+    # A mistaken label is corrected; every earlier label (and the skip) stays, with who and when.
+    fixed = store.label(rid, "3", "ann", now=20.0, via="key")
+    assert (fixed["label"], fixed["reviewer"], fixed["reviewer_via"]) == ("3", "ann", "key")
+    assert fixed["relabelled"]
+    assert [(h["state"], h["label"], h["reviewer"], h["at"]) for h in fixed["history"]] == [
+        ("skipped", None, "ann", skipped["reviewed_at"]),
+        ("reviewed", "8", "bob", 10.0),
+    ]
+    assert store.get(rid)["history"] == fixed["history"]
+    assert [lab for lab, *_ in store.reviewed()] == ["3"]  # training sees the current label
 
 
 def test_claim_leases_and_expiry(db_url: str, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ persistence with retention, and two replicas sharing one real PostgreSQL queue.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import signal
 import tarfile
@@ -22,14 +23,21 @@ from tests.service.conftest import API_KEY, Server, start_server
 REVIEWER_KEY = "reviewer-key-0123"
 R = {"Authorization": f"Bearer {REVIEWER_KEY}"}
 A = {"Authorization": f"Bearer {API_KEY}"}
+ALICE = {"Authorization": "Bearer alice-key-0123"}  # VGE_REVIEWER_KEYS: personal keys
 
 
 def files(pngs: list[bytes]) -> list[tuple[str, tuple[str, bytes, str]]]:
     return [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs)]
 
 
-def predict(srv: Server, pngs: list[bytes], **params: object) -> list[dict]:
-    r = httpx.post(srv.url + "/v1/predict", params=params, files=files(pngs), timeout=30)
+def predict(
+    srv: Server, pngs: list[bytes], headers: dict[str, str] | None = None, **params: object
+) -> list[dict]:
+    """Predictions; ``review=always`` needs a key (the reviewer key unless ``headers`` say)."""
+    if headers is None:
+        headers = R if params.get("review") == "always" else {}
+    r = httpx.post(srv.url + "/v1/predict", params=params, files=files(pngs), timeout=30,
+                   headers=headers)  # fmt: skip
     assert r.status_code == 200, r.text
     return r.json()["results"]
 
@@ -39,7 +47,7 @@ def review_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) ->
     work = tmp_path_factory.mktemp("reviews")
     srv = start_server(
         work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY, api_key=API_KEY,
-        review_max_items=6, workers=2,
+        review_max_items=6, workers=2, reviewer_keys="alice:alice-key-0123,bob:bob-key-45678",
     )  # fmt: skip
     yield srv
     srv.stop()
@@ -64,7 +72,7 @@ def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> N
     # auto (the default): only abstaining answers are queued
     accepted = predict(srv, pngs[:2], abstain_k=0)
     assert all(not r["abstain"] and "review_id" not in r for r in accepted)
-    queued = predict(srv, pngs[:3], abstain_k=100)
+    queued = predict(srv, pngs[:3], headers=R, abstain_k=100)  # a keyed client sees its ids
     assert [r["review_status"] for r in queued] == ["queued"] * 3
     # the same image again: the same pending item
     again = predict(srv, pngs[:1], review="always", abstain_k=0)
@@ -83,7 +91,7 @@ def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> N
     assert len(ids) == 6 and ids[0] == queued[0]["review_id"] and rest["next_cursor"] is None
     by_vgmu = c.get("/v1/reviews", params={"order": "vgmu"}).json()["reviews"]
     vgmus = [x["answer"]["vgmu"] for x in by_vgmu]
-    assert vgmus == sorted(vgmus)
+    assert vgmus == sorted(vgmus, reverse=True)  # VGMU: higher = less sure; most uncertain first
 
     first = c.get(f"/v1/reviews/{ids[0]}").json()
     answer = first["answer"]
@@ -101,8 +109,14 @@ def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> N
     other = "1" if predicted != "1" else "2"
     ok = c.post(f"/v1/reviews/{ids[0]}", json={"label": predicted, "reviewer": "ann"})
     assert ok.status_code == 200 and ok.json()["state"] == "reviewed"
-    twice = c.post(f"/v1/reviews/{ids[0]}", json={"label": predicted, "reviewer": "ann"})
-    assert twice.status_code == 409
+    # A mistaken label is corrected: an integer names the class, the earlier label is kept.
+    fixed = c.post(f"/v1/reviews/{ids[0]}", json={"label": int(other), "reviewer": "bob"})
+    assert fixed.status_code == 200, fixed.text
+    assert (fixed.json()["label"], fixed.json()["relabelled"]) == (other, True)
+    assert [(h["label"], h["reviewer"]) for h in fixed.json()["history"]] == [(predicted, "ann")]
+    back = c.post(f"/v1/reviews/{ids[0]}", json={"label": predicted, "reviewer": "ann"})
+    assert len(back.json()["history"]) == 2 and back.json()["label"] == predicted
+    assert c.post(f"/v1/reviews/{ids[0]}", json={"label": 99}).status_code == 422
     c.post(f"/v1/reviews/{ids[1]}", json={"label": other, "reviewer": "bob"}).raise_for_status()
     c.post(f"/v1/reviews/{ids[2]}/skip", json={"reviewer": "bob"}).raise_for_status()
 
@@ -129,6 +143,53 @@ def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> N
         time.sleep(0.3)
 
 
+def test_claim_and_skip_need_no_body_and_keys_name_reviewers(
+    review_server: Server, pngs: list[bytes]
+) -> None:
+    srv = review_server
+    queued = predict(srv, pngs[40:42], review="always")
+    assert [r["review_status"] for r in queued] == ["queued"] * 2
+    # A personal key names its reviewer: no body needed, and a name in the body cannot change it.
+    claim = httpx.post(srv.url + "/v1/reviews/claim", headers=ALICE)
+    assert claim.status_code == 200, claim.text
+    item = claim.json()["review"]
+    assert item["claimed_by"] == "alice" and claim.json()["reviewer"] == "alice"
+    done = httpx.post(f"{srv.url}/v1/reviews/{item['id']}", headers=ALICE,
+                      json={"label": item["classes"][0], "reviewer": "mallory"})  # fmt: skip
+    assert (done.json()["reviewer"], done.json()["reviewer_via"]) == ("alice", "key")
+    # The shared key: the name the client gives (or "reviewer"), recorded as claimed.
+    held = httpx.post(srv.url + "/v1/reviews/claim", headers=R).json()["review"]
+    assert held["claimed_by"] == "reviewer"
+    skipped = httpx.post(f"{srv.url}/v1/reviews/{held['id']}/skip", headers=R)
+    assert skipped.status_code == 200, skipped.text
+    assert (skipped.json()["reviewer"], skipped.json()["reviewer_via"]) == (
+        "reviewer", "shared_key",
+    )  # fmt: skip
+
+
+def test_anonymous_clients_cannot_force_or_probe_the_queue(
+    review_server: Server, pngs: list[bytes]
+) -> None:
+    srv = review_server
+    url = srv.url + "/v1/predict"
+    anonymous = httpx.post(url, params={"review": "always"}, files=files(pngs[50:51]))
+    assert anonymous.status_code == 401 and "review=always" in anonymous.json()["error"]
+    wrong = httpx.post(url, params={"review": "always"}, files=files(pngs[50:51]),
+                       headers={"Authorization": "Bearer not-a-key-at-all"})  # fmt: skip
+    assert wrong.status_code == 403
+    # An image pending for a keyed client: an anonymous abstention gets no id and no hint.
+    (keyed,) = predict(srv, pngs[51:52], review="always")
+    assert keyed["review_status"] in ("queued", "queue_full")
+    (anon,) = predict(srv, pngs[51:52], headers={}, abstain_k=100)  # auto: it abstains
+    assert anon["review_id"] is None and anon["review_status"] in ("queued", "queue_full")
+    (again,) = predict(srv, pngs[51:52], headers=A, abstain_k=100)
+    if keyed["review_status"] == "queued":
+        assert (again["review_status"], again["review_id"]) == (
+            "already_queued",
+            keyed["review_id"],
+        )
+
+
 def test_review_off_refuses_review_requests(server: Server, pngs: list[bytes]) -> None:
     r = httpx.post(server.url + "/v1/predict?review=always", files=files(pngs[:1]))
     assert r.status_code == 422 and "VGE_REVIEW_QUEUE=on" in r.json()["error"]
@@ -151,12 +212,19 @@ def test_queue_survives_restart_and_retention_runs(
         assert keyless.status_code == 403 and "disabled" in keyless.json()["error"]
         admin = httpx.post(srv.url + "/v1/models/reload")  # no VGE_API_KEY either
         assert admin.status_code == 403 and "disabled" in admin.json()["error"], admin.text
-        ids = [r["review_id"] for r in predict(srv, pngs[10:13], review="always")]
+        # No key: review=always is refused, auto queues what abstains (ids not shown).
+        refused = httpx.post(srv.url + "/v1/predict?review=always", files=files(pngs[10:11]))
+        assert refused.status_code == 403 and "review=always" in refused.json()["error"]
+        queued = predict(srv, pngs[10:13], abstain_k=100)
+        assert [(r["review_status"], r["review_id"]) for r in queued] == [("queued", None)] * 3
         srv.stop()
         srv = start_server(work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY)
         c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
-        pending = [x["id"] for x in c.get("/v1/reviews").json()["reviews"]]
-        assert pending == ids
+        pending = c.get("/v1/reviews").json()["reviews"]
+        assert [x["sha256"] for x in pending] == [
+            hashlib.sha256(p).hexdigest() for p in pngs[10:13]
+        ]
+        ids = [x["id"] for x in pending]
         c.post(f"/v1/reviews/{ids[0]}", json={"label": "3", "reviewer": "ann"}).raise_for_status()
         srv.stop(signal.SIGKILL)  # even killed: the label was committed
         time.sleep(1.0)
