@@ -585,8 +585,8 @@ class ModelManager:
                    f"({latest['action']} at {_iso(latest['at'])})"  # fmt: skip
         if self.settings.model_dir_explicit and first_start:
             log.warning(
-                "model_dir %s given explicitly (--model-dir): serving it, not %s, which the "
-                "model history records", start_dir, recorded,
+                "model_dir %s given explicitly (--model-dir, VGE_MODEL_DIR_EXPLICIT): serving "
+                "it, not %s, which the model history records", start_dir, recorded,
             )  # fmt: skip
             return await self.load(start_dir, "start", note="model_dir given explicitly")
         async with self._lock:

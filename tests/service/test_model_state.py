@@ -13,6 +13,7 @@ holds the model history) across restarts:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -117,9 +118,12 @@ def models_root(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> P
     return root
 
 
-def test_promote_and_rollback_survive_engine_kill_and_full_restart(
-    tmp_path_factory: pytest.TempPathFactory, models_root: Path
+def test_served_model_survives_kill_and_restart_and_model_dir_flag_wins_once(
+    tmp_path_factory: pytest.TempPathFactory, models_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """promote → kill -9 engine → promoted; → full restart → promoted; rollback → restart →
+    rolled back; --model-dir wins over the history at its start, not at the engine's restarts.
+    One work directory throughout: each server start costs seconds."""
     work = tmp_path_factory.mktemp("state-restore")
     cfg = {"api_key": API_KEY, "workers": 1, "models_root": models_root, "drain_s": 0}
     srv = start_server(work, models_root / "tiny-v1", **cfg)
@@ -166,17 +170,6 @@ def test_promote_and_rollback_survive_engine_kill_and_full_restart(
         assert (back["version"], back["served_because"]) == ("1.0.0", "restored")
         assert back["restored_from"]["action"] == "rollback"
         assert [h["action"] for h in _history(srv)] == ["rollback", "promote", "start"]
-    finally:
-        assert srv.stop() == 0
-
-
-def test_model_dir_flag_wins_at_start_but_not_at_engine_restarts(
-    tmp_path_factory: pytest.TempPathFactory, models_root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    work = tmp_path_factory.mktemp("state-flag")
-    cfg = {"api_key": API_KEY, "workers": 1, "models_root": models_root, "drain_s": 0}
-    srv = start_server(work, models_root / "tiny-v1", **cfg)
-    try:
         assert _post(srv, "/v1/models/promote", {"model": "tiny-v2"}).status_code == 200
     finally:
         assert srv.stop() == 0
@@ -186,7 +179,7 @@ def test_model_dir_flag_wins_at_start_but_not_at_engine_restarts(
     try:
         served = _served(srv)
         assert (served["version"], served["served_because"]) == ("1.0.0", "start")
-        assert "given explicitly (--model-dir)" in srv.log() and "2.0.0" in srv.log()
+        assert "given explicitly (--model-dir" in srv.log() and "2.0.0" in srv.log()
         assert _history(srv)[0]["note"] == "model_dir given explicitly"
         # ... at this start only: a promote after it survives the engine's restart
         assert _post(srv, "/v1/models/promote", {"model": "tiny-v2"}).status_code == 200
@@ -199,10 +192,14 @@ def test_the_gate_refuses_a_worse_model_and_a_lost_model_is_reported(
     tmp_path_factory: pytest.TempPathFactory, models_root: Path
 ) -> None:
     """Served: the shipped LeNet-5 (accuracy 0.96 on the gate's digits); candidate: the tiny
-    model (one epoch on 512 digits). Then the candidate, forced in, is lost two ways."""
+    model (one epoch on 512 digits); a model with letters for classes skips the gate. Then the
+    candidate, forced in, is lost two ways."""
     work = tmp_path_factory.mktemp("state-gate")
     root = work / "models"
     copy_model(models_root / "tiny-v2", root / "tiny-v2", "2.0.0")
+    letters = copy_model(models_root / "tiny-v2", root / "letters", "1.0.0") / "model_card.json"
+    card = json.loads(letters.read_text())
+    letters.write_text(json.dumps({**card, "class_names": list("abcdefghij")}))
     cfg = {"api_key": API_KEY, "workers": 1, "models_root": root, "drain_s": 0}
     srv = start_server(work, Path("lenet5-lle-vgn-mnist"), **cfg)
     try:
@@ -218,6 +215,14 @@ def test_the_gate_refuses_a_worse_model_and_a_lost_model_is_reported(
         assert comparison["served"]["accuracy"] > 0.9 > comparison["candidate"]["accuracy"]
         assert comparison["deltas"]["accuracy"] < -comparison["tolerances"]["accuracy_drop"]
         assert _served(srv)["name"] == "lenet5-lle-vgn-mnist" and len(_history(srv)) == 1
+
+        # a model that does not answer in digits cannot be compared on them: skipped, and said
+        skipped = _post(srv, "/v1/models/promote", {"model": "letters"})
+        assert skipped.status_code == 200, skipped.text
+        gate = skipped.json()["gate"]
+        assert gate["verdict"] == "skipped" and "a, b, c, d" in gate["reason"]
+        assert _history(srv)[0]["comparison"] == gate
+        assert _post(srv, "/v1/models/rollback").status_code == 200  # never gated
 
         forced = _post(srv, "/v1/models/promote", {"model": "tiny-v2", "force": True})
         assert forced.status_code == 200, forced.text
