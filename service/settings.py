@@ -62,7 +62,10 @@ class Settings(BaseSettings):
 
     # --- model -------------------------------------------------------------------------------
     model_dir: Path | None = Field(
-        None, description="Directory of the model to serve; default: the shipped zoo model."
+        None,
+        description="Directory of the model to serve at the first start; default: the shipped "
+        "zoo model. Later starts restore the model history's newest entry (the last promoted or "
+        "rolled-back model) unless model_dir_explicit.",
     )
     models_root: Path = Field(
         Path("var/models"),
