@@ -18,6 +18,7 @@ import numpy as np
 from service import errors
 from service.deps import ServiceState
 from service.inference import predict_tensor, resolve_options
+from service.reviews import queue_tensor_answers
 from service.routes.health import is_ready
 from service.routes.v2 import (
     _DTYPES,
@@ -28,6 +29,7 @@ from service.routes.v2 import (
     _versioned,
     check_input_spec,
     check_parameters,
+    review_param,
 )
 
 _STATUS = {  # service error -> gRPC status code name
@@ -140,9 +142,10 @@ def make_servicer(state: ServiceState) -> Any:
                         raise errors.NotFound(
                             f"model {model.name!r} has no version {request.model_version!r}"
                         )
-                    abstain_k, vgmu_on, timeout_s = check_parameters(
-                        {k: _param(v) for k, v in request.parameters.items()}
-                    )
+                    params = {k: _param(v) for k, v in request.parameters.items()}
+                    abstain_k, vgmu_on, timeout_s = check_parameters(params)
+                    metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+                    review = review_param(state, params, metadata)
                     names = [o.name for o in request.outputs] or list(OUTPUTS)
                     unknown = [n for n in names if n not in OUTPUTS]
                     if unknown:
@@ -157,12 +160,20 @@ def make_servicer(state: ServiceState) -> Any:
                     arr, dtype = _input_array(request, state.settings.max_images)
                     x = _to_model_input(arr, dtype, model, state)
                     columns = await predict_tensor(state, model, x, options, timeout_s)
+                said: dict[str, str] = {}
+                if review != "never":  # the queue is on: as /v1/predict and V2 HTTP do
+                    said = await queue_tensor_answers(
+                        state, model, review, columns, arr if dtype == "UINT8" else None,
+                        options.abstain_k, metadata,
+                    )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - every failure is a gRPC status
                 await _abort(context, exc)
             tensors = _outputs(columns, n_classes)
             out = pb.ModelInferResponse(
                 model_name=model.name, model_version=model.version, id=request.id
             )
+            for key, value in said.items():  # review_status, review_id (queue_tensor_answers)
+                out.parameters[key].string_param = value
             for n in names:
                 t = tensors[n]
                 out.outputs.add(name=n, datatype=OUTPUTS[n], shape=list(t.shape))

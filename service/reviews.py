@@ -121,6 +121,8 @@ class Enqueued:
 
     review_id: str | None
     status: Literal["queued", "already_queued", "queue_full", "unavailable", "error"]
+    # (V2 answers may also say "unsupported_input": FP32 input is not stored; see
+    # queue_tensor_answers)
 
 
 #: The longest wait between two attempts to reopen an unavailable store (the first is at once).
@@ -888,3 +890,68 @@ async def watch(store: ReviewStore, gauge: Any) -> None:
     while True:
         child.set(1 if await asyncio.to_thread(store.check) else 0)
         await asyncio.sleep(WATCH_INTERVAL_S)
+
+
+def png_image(pixels: Any) -> bytes:
+    """One V2 ``UINT8`` image (``[C, H, W]`` or ``[H, W]``, C 1, 3 or 4) as a PNG file a person
+    can label: the pixels the client sent (an alpha channel dropped)."""
+    import numpy as np
+    import torch
+    from torchvision.io import encode_png
+
+    img = torch.from_numpy(np.ascontiguousarray(pixels))
+    if img.ndim == 2:
+        img = img.unsqueeze(0)
+    if img.shape[0] == 4:
+        img = img[:3]
+    return bytes(encode_png(img.contiguous()).numpy())
+
+
+async def queue_tensor_answers(
+    state: Any,
+    model: Any,
+    policy: ReviewPolicy,
+    columns: Any,
+    pixels: Any,
+    abstain_k: float,
+    headers: Any,
+) -> dict[str, str]:
+    """Queue a V2 (HTTP or gRPC) batch's chosen answers, as :func:`queue_answers` does for
+    ``/v1/predict``; the V2 response parameters that say what happened, per image in order:
+    ``review_status`` and ``review_id``, comma-separated (V2 parameters are scalars; an image not
+    chosen has an empty entry). Empty when nothing was chosen.
+
+    ``pixels``: the ``UINT8`` input (stored as PNG), or None for ``FP32`` input, which is already
+    normalised model input, not an image a person can label: those answers say
+    ``unsupported_input`` and nothing is queued (send pixels as ``UINT8`` to have them reviewed).
+    """
+    if policy == "never" or (policy == "auto" and not columns.column("abstain").any()):
+        return {}  # the common case: one vectorised check, no records built
+    records = columns.records(list(model.class_names), abstain_k)
+    reveal = policy == "always" or has_review_key(state.settings, headers)
+
+    def work() -> dict[str, str]:
+        chosen = chosen_for_review(policy, records)
+        if not chosen:
+            return {}
+        if pixels is None:
+            for i in chosen:
+                records[i]["review_id"], records[i]["review_status"] = None, "unsupported_input"
+            state.metrics.review_enqueued.labels(model=model.name, status="unsupported_input").inc(
+                len(chosen)
+            )
+        else:
+            blobs = [b""] * len(records)
+            for i in chosen:
+                blobs[i] = png_image(pixels[i])
+            queue_answers(
+                state.reviews, state.metrics, model=model.name, model_version=model.version,
+                classes=model.class_names, policy=policy, blobs=blobs, records=records,
+                reveal=reveal,
+            )  # fmt: skip
+        return {
+            "review_status": ",".join(r.get("review_status", "") for r in records),
+            "review_id": ",".join(r.get("review_id") or "" for r in records),
+        }
+
+    return await asyncio.to_thread(work)

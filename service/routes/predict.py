@@ -163,7 +163,7 @@ async def predict(request: Request) -> Response:
     options = resolve_options(
         state, model, abstain_k=opts.abstain_k, vgmu_on=opts.vgmu_on, top_k=opts.top_k
     )
-    review = _review_policy(state, opts.review, request)
+    review = review_policy(state, opts.review, request.headers)
     columns = await predict_images(state, model, blobs, options, opts.timeout_s)
     # Plain floats, ints, bools and strings built by ScoreColumns.records: json.dumps (C) encodes
     # them directly; validating them through a pydantic response model cost ~10 % of a request.
@@ -191,10 +191,10 @@ add_direct_route(  # the request in, the Response out, past FastAPI (routes/dire
 )
 
 
-def _review_policy(state: ServiceState, asked: str | None, request: Request) -> ReviewPolicy:
+def review_policy(state: ServiceState, asked: str | None, headers: Any) -> ReviewPolicy:
     """The request's review policy: ``auto`` by default when the queue is on, else ``never``; asking
     for a queue that is off is a 422 (the images would silently not reach a human); ``always``
-    needs a key (service.reviews.check_policy)."""
+    needs a key in ``headers`` (service.reviews.check_policy). V2 HTTP and gRPC use it too."""
     if state.reviews is None:
         if asked in ("auto", "always"):
             raise InvalidValue(
@@ -202,7 +202,7 @@ def _review_policy(state: ServiceState, asked: str | None, request: Request) -> 
                 "VGE_REVIEW_QUEUE=on, or leave review out"
             )
         return "never"
-    check_policy(state.settings, request.headers, asked)
+    check_policy(state.settings, headers, asked)
     return asked or "auto"  # type: ignore[return-value]
 
 

@@ -11,7 +11,11 @@ Data as a JSON list or with the binary tensor extension (``Inference-Header-Cont
 both directions: outputs requested with ``"parameters": {"binary_data": true}`` (or the request
 parameter ``binary_data_output``) come back as raw little-endian tensors after the JSON header.
 Request ``parameters``: ``abstain_k``, ``vgmu_on`` (``p``/``q``; default: the model's answer set),
-``timeout_s``.
+``timeout_s``, ``review`` (``auto``/``always``/``never``, with the review queue on, as on
+/v1/predict; ``always`` needs a key); any other is a 400 naming it. What the review queue did is
+in the response's ``parameters``: ``review_status`` and ``review_id``, comma-separated per image
+(``UINT8`` pixels are stored as PNG; ``FP32`` input, already normalised, is not an image a person
+can label: ``unsupported_input``).
 Outputs: ``probabilities`` FP32 [B, C], ``prediction`` INT64 [B], ``vgmu``, ``snr``, ``tu``,
 ``au``, ``eu`` FP32 [B], ``abstain`` BOOL [B]. Errors are ``{"error": "..."}``.
 """
@@ -35,9 +39,10 @@ from service.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.inference import predict_tensor, resolve_options
 from service.model_manager import ModelInfo
 from service.multipart import INLINE_PARSE_BYTES
+from service.reviews import ReviewPolicy, queue_tensor_answers
 from service.routes.direct import add_direct_route
 from service.routes.health import is_ready
-from service.routes.predict import parse_json
+from service.routes.predict import parse_json, review_policy
 from service.routes.schemas import error_responses
 from service.settings import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
@@ -279,8 +284,22 @@ def _parameters(body: dict[str, Any]) -> tuple[float | None, str | None, float |
     return check_parameters(_object(body.get("parameters"), "parameters"))
 
 
+#: The request parameters this server reads; any other is a 400 naming it (a typo, or ``review``
+#: sent to a server that did not know it, was silently ignored).
+REQUEST_PARAMETERS: tuple[str, ...] = (
+    "abstain_k", "vgmu_on", "timeout_s", "review", "binary_data_output",
+)  # fmt: skip
+
+
 def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
-    """A request's ``abstain_k``, ``vgmu_on`` and ``timeout_s``, checked for HTTP and gRPC alike."""
+    """A request's ``abstain_k``, ``vgmu_on`` and ``timeout_s``, checked for HTTP and gRPC alike
+    (and that it sends no parameter this server does not read; ``review``: :func:`review_param`)."""
+    unknown = [str(key) for key in params if key not in REQUEST_PARAMETERS]
+    if unknown:
+        raise BadInput(
+            f"unknown request parameter {unknown[0][:64]!r}; this server reads "
+            f"{', '.join(REQUEST_PARAMETERS)}"
+        )
     k = params.get("abstain_k")
     if k is not None and (not _is_number(k) or not ABSTAIN_K_MIN <= k <= ABSTAIN_K_MAX):
         raise InvalidValue(f"abstain_k must be a number in [{ABSTAIN_K_MIN:g}, {ABSTAIN_K_MAX:g}]")
@@ -291,6 +310,15 @@ def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, 
     if timeout is not None and (not _is_number(timeout) or not 0.05 <= timeout <= 3600):
         raise InvalidValue("timeout_s must be a number in [0.05, 3600] (seconds)")
     return k, vgmu_on, timeout
+
+
+def review_param(state: State, params: dict[str, Any], headers: Any) -> ReviewPolicy:
+    """The request's ``review`` parameter (``auto``/``always``/``never``, as on /v1/predict:
+    ``auto`` by default with the queue on; ``always`` needs a key), for HTTP and gRPC alike."""
+    asked = params.get("review")
+    if asked not in (None, "auto", "always", "never"):
+        raise InvalidValue("review must be 'auto', 'always' or 'never'")
+    return review_policy(state, asked, headers)
 
 
 def _to_model_input(arr: np.ndarray, dtype: str, model: ModelInfo, state: State) -> torch.Tensor:
@@ -393,6 +421,7 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
             raise BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
     binary_wanted = _binary_wanted(body, wanted)  # checked before the batch is computed
     abstain_k, vgmu_on, timeout_s = _parameters(body)
+    review = review_param(state, body.get("parameters") or {}, request.headers)
     n_classes = len(model.class_names)
     options = resolve_options(state, model, abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=n_classes)
     if json_size <= INLINE_PARSE_BYTES:
@@ -405,6 +434,13 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
     response: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if "id" in body:
         response["id"] = body["id"]
+    if review != "never":  # the queue is on: queue what it chose, as /v1/predict does
+        pixels = arr if body["inputs"][0]["datatype"] == "UINT8" else None
+        said = await queue_tensor_answers(
+            state, model, review, columns, pixels, options.abstain_k, request.headers
+        )
+        if said:
+            response["parameters"] = said
     return _encode(response, tensors, binary_wanted, names)
 
 

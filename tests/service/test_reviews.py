@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import signal
 import tarfile
 import threading
@@ -18,12 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import API_KEY, Server, start_server
+from tests.service.conftest import API_KEY, Server, free_port, start_server
 
 REVIEWER_KEY = "reviewer-key-0123"
 R = {"Authorization": f"Bearer {REVIEWER_KEY}"}
 A = {"Authorization": f"Bearer {API_KEY}"}
 ALICE = {"Authorization": "Bearer alice-key-0123"}  # VGE_REVIEWER_KEYS: personal keys
+GRPC_PORT = free_port()
 
 
 def files(pngs: list[bytes]) -> list[tuple[str, tuple[str, bytes, str]]]:
@@ -48,6 +50,7 @@ def review_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) ->
     srv = start_server(
         work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY, api_key=API_KEY,
         review_max_items=6, workers=2, reviewer_keys="alice:alice-key-0123,bob:bob-key-45678",
+        grpc_port=GRPC_PORT,
     )  # fmt: skip
     yield srv
     srv.stop()
@@ -188,6 +191,66 @@ def test_anonymous_clients_cannot_force_or_probe_the_queue(
             "already_queued",
             keyed["review_id"],
         )
+
+
+def test_v2_http_and_grpc_answers_are_queued(review_server: Server, pngs: list[bytes]) -> None:
+    import numpy as np
+    import torch
+    import tritonclient.grpc as grpcclient
+    from torchvision.io import decode_png
+
+    srv = review_server
+    c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
+    while (item := c.post("/v1/reviews/claim").json()["review"]) is not None:  # make room
+        c.post(f"/v1/reviews/{item['id']}/skip").raise_for_status()
+    pixels = np.stack([decode_png(torch.frombuffer(bytearray(p), dtype=torch.uint8)).numpy()
+                       for p in pngs[60:64]])  # fmt: skip
+    url = "/v2/models/tiny/infer"
+
+    def tensor(arr: np.ndarray, **params: object) -> dict[str, object]:
+        return {"inputs": [{"name": "images", "datatype": "UINT8", "shape": list(arr.shape),
+                            "data": arr.reshape(-1).tolist()}], "parameters": params}  # fmt: skip
+
+    # JSON, review=always (keyed): queued, stored as PNGs of the pixels sent
+    r = c.post(url, json=tensor(pixels[:2], review="always"))
+    assert r.status_code == 200, r.text
+    said = r.json()["parameters"]
+    ids = said["review_id"].split(",")
+    assert said["review_status"] == "queued,queued" and all(ids)
+    image = c.get(f"/v1/reviews/{ids[1]}/image")
+    assert image.headers["content-type"] == "image/png"
+    stored = decode_png(torch.frombuffer(bytearray(image.content), dtype=torch.uint8)).numpy()
+    assert np.array_equal(stored, pixels[1])
+    # an unknown parameter (here a typo) is a 400 naming it; always needs a key
+    typo = httpx.post(srv.url + url, json=tensor(pixels[:1], reveiw="always"))
+    assert typo.status_code == 400 and "'reveiw'" in typo.json()["error"]
+    anon = httpx.post(srv.url + url, json=tensor(pixels[:1], review="always"))
+    assert anon.status_code == 401
+    # the binary tensor extension, review=auto: what abstains is queued
+    head = json.dumps({"inputs": [{"name": "images", "datatype": "UINT8", "shape": [1, 1, 28, 28],
+                                   "parameters": {"binary_data_size": 784}}],
+                       "parameters": {"abstain_k": 100}}).encode()  # fmt: skip
+    r = c.post(url, content=head + pixels[2].tobytes(),
+               headers={"Inference-Header-Content-Length": str(len(head))})  # fmt: skip
+    assert r.status_code == 200 and r.json()["parameters"]["review_status"] == "queued", r.text
+    # FP32 prepared input is not an image a person can label: not queued, and said so
+    fp32 = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1, 28, 28],
+                        "data": [0.0] * 784}], "parameters": {"review": "always"}}  # fmt: skip
+    assert c.post(url, json=fp32).json()["parameters"]["review_status"] == "unsupported_input"
+    # gRPC: the same parameter, the same queue
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{GRPC_PORT}")
+    G = {"authorization": R["Authorization"]}  # gRPC metadata keys are lower case
+    inp = grpcclient.InferInput("images", [1, 1, 28, 28], "UINT8")
+    inp.set_data_from_numpy(pixels[3:4])
+    with pytest.raises(grpcclient.InferenceServerException, match="unknown request parameter"):
+        client.infer("tiny", [inp], parameters={"priority_": 1}, headers=G)
+    result = client.infer("tiny", [inp], parameters={"review": "always"}, headers=G)
+    params = result.get_response().parameters
+    assert params["review_status"].string_param == "queued"
+    grpc_id = params["review_id"].string_param
+    assert c.get(f"/v1/reviews/{grpc_id}").json()["answer"]["model"] == "tiny"
+    pending = {x["id"] for x in c.get("/v1/reviews").json()["reviews"]}
+    assert pending >= {*ids, grpc_id} and len(pending) == 4
 
 
 def test_review_off_refuses_review_requests(server: Server, pngs: list[bytes]) -> None:
