@@ -87,7 +87,9 @@ def skimage_gray(name: str) -> NDArray[np.float32]:
     raw = getattr(skimage.data, name)()
     img = np.asarray(raw[0] if isinstance(raw, tuple) else raw)  # stereo_motorcycle: left view
     if name == "lfw_subset":  # 200 face crops (25×25, float in [0, 1]): tile them into one image
-        img = np.concatenate([np.concatenate(list(img[r * 20 : r * 20 + 20]), 1) for r in range(10)])
+        img = np.concatenate(
+            [np.concatenate(list(img[r * 20 : r * 20 + 20]), 1) for r in range(10)]
+        )
     if img.dtype == np.bool_:
         img = img.astype(np.float32)
     if np.issubdtype(img.dtype, np.integer):
@@ -220,7 +222,10 @@ def shapes(rng: np.random.Generator) -> U8:
         elif kind == 1:
             draw.rectangle(box, fill=fill if filled else None, outline=fill, width=width)
         else:
-            poly = [tuple(map(float, p)) for p in rng.uniform(0, SIZE * 4, size=(int(rng.integers(3, 7)), 2))]
+            poly = [
+                tuple(map(float, p))
+                for p in rng.uniform(0, SIZE * 4, size=(int(rng.integers(3, 7)), 2))
+            ]
             draw.polygon(poly, fill=fill if filled else None, outline=fill, width=width)
     return np.asarray(canvas.resize((SIZE, SIZE), Image.BILINEAR))
 

@@ -252,7 +252,11 @@ def run_evaluation(
     split: str = "test",
     data_root: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate a saved model on a data split and the natural-image OOD set; write the artefacts.
+    """Evaluate a saved model on a data split and the OOD suite; write the artefacts.
+
+    OOD: for 1-channel 28×28 models the project's OOD suite (:mod:`models.data_ood`, 500 images
+    per group): ``metrics["ood_suite"]`` per group (:func:`.ood_suite.ood_suite_metrics`) and
+    ``metrics["ood"]`` on the far groups pooled; other models get the natural-image patches.
 
     Writes into ``out_dir``: ``metrics.json`` (the dict returned), ``report.md`` and PNG figures
     (reliability diagram, margin–variance geometry, risk–coverage, AUCc curves, OOD ROC, and — when
@@ -279,8 +283,24 @@ def run_evaluation(
     p, q = _forward_all(predictor, x)
     channels = int(_card_get(card, "in_channels", default=x.shape[1]))
     size = tuple(_card_get(card, "input_size", default=tuple(x.shape[2:])))
-    ood_images = natural_image_patches(OOD_SAMPLES, channels=channels, size=size)
-    p_ood, q_ood = _forward_all(predictor, _prepare_all(predictor, ood_images))
+    suite = None
+    if channels == 1 and tuple(size) == (28, 28):  # the OOD suite is MNIST-shaped
+        from models.data_ood.suite import FAR_GROUPS
+        from models.evaluation.ood_suite import ood_suite_metrics, suite_members
+
+        suite_images, suite = suite_members(
+            lambda b: _forward_all(predictor, b), lambda u: _prepare_all(predictor, u)
+        )
+        p_ood = torch.cat([suite[g][0] for g in FAR_GROUPS])
+        q_ood = None if q is None else torch.cat([suite[g][1] for g in FAR_GROUPS])
+        ood_source = (
+            "the project's OOD suite, far groups pooled (" + ", ".join(FAR_GROUPS) + "; "
+            "docs/ood-suite.md)"
+        )
+    else:
+        ood_images = natural_image_patches(OOD_SAMPLES, channels=channels, size=size)
+        p_ood, q_ood = _forward_all(predictor, _prepare_all(predictor, ood_images))
+        ood_source = "scikit-image sample photographs, 64×64 crops resized to the input"
 
     ev = _evaluate(p, q, labels, p_ood, q_ood, abstain_k=abstain_k)
     metrics = dict(ev.metrics)
@@ -291,7 +311,9 @@ def run_evaluation(
     }
     metrics["split"] = split
     metrics["data"] = source
-    metrics["ood"]["source"] = "scikit-image sample photographs, 64×64 crops resized to the input"
+    metrics["ood"]["source"] = ood_source
+    if suite is not None:
+        metrics["ood_suite"] = _clean(ood_suite_metrics(p, q, suite, abstain_k))
     if calibration:
         metrics["calibration"] = {k: v for k, v in dict(calibration).items() if k != "curve"}
 
@@ -328,6 +350,14 @@ def run_evaluation(
         out_dir / "confident_errors.png",
         _card_get(card, "class_names"),
     ).name
+    if suite is not None:
+        answers = {}
+        for group, (pg, qg) in suite.items():
+            s = score_members(pg, qg, abstain_k=abstain_k)
+            answers[group] = (s.prediction.numpy(), s.abstain.numpy())
+        figs["OOD suite: the model's answers (first 8 of each group)"] = plots.ood_examples_plot(
+            suite_images, answers, out_dir / "ood_examples.png", _card_get(card, "class_names")
+        ).name
     learned_k = _card_get(card, "learned_k")
     if learned_k is not None and len(learned_k) > 0:
         figs["Learned k per class"] = plots.learned_k_plot(

@@ -287,3 +287,38 @@ def confident_errors_plot(
         ax.set_title(f"true {names[y[i]]}, pred {names[pred[i]]}\nrank {rank:.2f}", fontsize=8)
     fig.suptitle("Most confident errors (by VGMU)", fontsize=9)
     return _save(fig, path)
+
+
+def ood_examples_plot(
+    images: Mapping[str, np.ndarray],
+    answers: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    path: str | Path,
+    class_names: Sequence[str] | None = None,
+    per_group: int = 8,
+) -> Path:
+    """The first ``per_group`` images of each OOD-suite group with the model's answer: the
+    predicted class, or "defer" (red title: answered, a non-digit taken for a digit; green:
+    deferred). ``answers[group] = (prediction, abstain)``."""
+    groups = list(images)
+    fig = _figure(per_group * 0.9, len(groups) * 1.05)
+    axes = np.atleast_2d(fig.subplots(len(groups), per_group))
+    for r, group in enumerate(groups):
+        pred, abstain = answers[group]
+        for c in range(per_group):
+            ax = axes[r, c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if c >= len(images[group]):
+                ax.axis("off")
+                continue
+            ax.imshow(np.asarray(images[group][c]).squeeze(), cmap="gray", vmin=0, vmax=255)
+            label = class_names[int(pred[c])] if class_names else str(int(pred[c]))
+            deferred = bool(abstain[c])
+            ax.set_title(
+                "defer" if deferred else f"→ {label}",
+                fontsize=7,
+                color="green" if deferred else "red",
+            )
+            if c == 0:
+                ax.set_ylabel(group.replace("_", " "), fontsize=7)
+    return _save(fig, path)

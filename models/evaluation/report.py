@@ -144,6 +144,9 @@ def render_report(
             [[SCORE_LABELS.get(k, k), v["auroc"], v["fpr95"]] for k, v in ood["scores"].items()],
         )
 
+    if metrics.get("ood_suite"):
+        out += _suite_section(metrics["ood_suite"])
+
     if metrics.get("calibration"):
         cal = metrics["calibration"]
         out += [
@@ -161,6 +164,38 @@ def render_report(
         for caption, rel in plots.items():
             out += [f"### {caption}", "", f"![{caption}]({rel})", ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+#: Scores shown in the per-group OOD table (VGMU and the paper's baselines).
+SUITE_SCORES = ("vgmu", "eu", "mutual_information", "epkl", "epjs")
+
+
+def _suite_section(suite: Mapping[str, Any]) -> list[str]:
+    """The OOD suite per group: abstain rate at the served k against its target, AUROC and
+    FPR@95 of VGMU and the baselines (docs/ood-suite.md)."""
+    out = [
+        "## OOD suite, per group",
+        "",
+        f"The project's OOD suite (docs/ood-suite.md) against the in-distribution split; abstain "
+        f"rate of the served rule at k = {suite['abstain_k']:.4g}. `far`: the five far groups "
+        "pooled; `all`: every group.",
+        "",
+    ]
+    header = ["group", "n", "abstain rate", "target"]
+    header += [f"AUROC {SCORE_LABELS[k]}" for k in SUITE_SCORES]
+    header += [f"FPR@95 {SCORE_LABELS[k]}" for k in ("vgmu", "epkl")]
+    rows = []
+    entries = [*suite["groups"].items(), *((k, suite[k]) for k in ("far", "all") if k in suite)]
+    for name, g in entries:
+        sc = g["scores"]
+        target = g.get("target")
+        met = "" if g.get("meets_target") is None else (" ✓" if g["meets_target"] else " ✗")
+        rows.append(
+            [name, g["n"], g["abstain_rate"], "—" if target is None else f"≥ {target:g}{met}"]
+            + [sc[k]["auroc"] for k in SUITE_SCORES]
+            + [sc[k]["fpr95"] for k in ("vgmu", "epkl")]
+        )
+    return out + _table(header, rows)
 
 
 def write_report(

@@ -102,6 +102,7 @@ def finalise(
     from models.evaluation import evaluate_predictions
     from models.evaluation.calibration import calibrate_served
     from models.evaluation.drift import served_reference
+    from models.evaluation.ood_suite import card_ood_suite
 
     bs = config.eval_batch_size
     p_test, q_test, y_test = collect_predictions(model, bundle.test, rt.device, bs)
@@ -126,6 +127,16 @@ def finalise(
             p_val, q_val, y_val, target_deferral=target_deferral, target_risk=config.target_risk
         )
         evaluation = evaluate_predictions(p_test, q_test, y_test, abstain_k=calib["abstain_k"])
+        evaluation["ood_suite"] = card_ood_suite(  # docs/ood-suite.md, per group
+            model,
+            bundle.mean,
+            bundle.std,
+            bundle.input_size,
+            p_test,
+            q_test,
+            calib["abstain_k"],
+            rt.device,
+        )
         card = card.model_copy(
             update={
                 "metrics": {**metrics, "evaluation": _jsonable(evaluation)},

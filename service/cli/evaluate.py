@@ -14,8 +14,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "evaluate",
         help="evaluate a saved model (metrics, selective prediction, OOD, plots, report)",
         description="Run a saved model on a split of its dataset (bundled MNIST: the fixed test or "
-        "validation split, or the held-out digits) and on an offline natural-image OOD set; write metrics.json, PNG plots "
-        "and report.md.",
+        "validation split, or the held-out digits) and on the project's offline OOD suite (per group: "
+        "abstain rate at the served k, AUROC/FPR@95 of VGMU and the baselines; docs/ood-suite.md); "
+        "write metrics.json, PNG plots and report.md.",
     )
     p.add_argument(
         "model_dir",
@@ -81,5 +82,17 @@ def run(args: argparse.Namespace) -> int:
         f"{err_auroc}, OOD AUROC(VGMU) {vgmu_ood.get('auroc', float('nan')):.4f}",
         file=sys.stdout,
     )
+    suite = metrics.get("ood_suite")
+    if suite:
+        parts = []
+        for name, g in suite["groups"].items():
+            target = "" if g["target"] is None else f" (target {g['target']:.0%})"
+            parts.append(f"{name} {g['abstain_rate']:.1%}{target}")
+        print(
+            "OOD suite, abstained at the served k: "
+            + ", ".join(parts)
+            + f"; VGMU OOD AUROC far groups {suite['far']['scores']['vgmu']['auroc']:.3f}, "
+            f"all groups {suite['all']['scores']['vgmu']['auroc']:.3f}"
+        )
     print(f"wrote {out / 'metrics.json'}, {out / 'report.md'} and {len(metrics['plots'])} plots")
     return 0

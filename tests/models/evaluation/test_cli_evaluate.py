@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from models.checkpoint import CARD_FILE
+from models.data_ood import ABSTAIN_TARGETS, OOD_GROUPS
+from models.evaluation import UNCERTAINTY_SCORES
 from service.cli import main
 
 
@@ -41,12 +43,25 @@ def test_vge_evaluate_writes_metrics_plots_and_report(
     assert metrics["abstention"]["abstain_k"] == pytest.approx(
         card["abstain_calibration"]["abstain_k"]
     )
-    assert metrics["ood"]["n_ood"] == 1000 and set(metrics["ood"]["scores"]) >= {
+    # OOD: the project's suite (docs/ood-suite.md), 500 per group; "ood" pools the 5 far groups
+    assert metrics["ood"]["n_ood"] == 2500 and set(metrics["ood"]["scores"]) >= {
         "vgmu",
         "eu",
         "epkl",
         "epjs",
     }
+    suite = metrics["ood_suite"]
+    assert list(suite["groups"]) == list(OOD_GROUPS) and suite["far"]["n"] == 2500
+    for name, g in suite["groups"].items():
+        assert g["n"] == 500 and 0 <= g["abstain_rate"] <= 1 and sum(g["predicted"]) == 500
+        assert g["target"] == ABSTAIN_TARGETS.get(name)
+        assert set(g["scores"]) == set(UNCERTAINTY_SCORES)
+    assert suite["far"]["scores"]["vgmu"] == metrics["ood"]["scores"]["vgmu"]
+    # the card stores the same per-group numbers (computed at training time, same k and images)
+    in_card = card["metrics"]["evaluation"]["ood_suite"]
+    for name, g in in_card["groups"].items():
+        assert g["abstain_rate"] == pytest.approx(suite["groups"][name]["abstain_rate"], abs=0.01)
+    assert "ood_examples.png" in set(metrics["plots"].values())
 
     for name in metrics["plots"].values():
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
@@ -57,6 +72,7 @@ def test_vge_evaluate_writes_metrics_plots_and_report(
         "confident_errors.png",
     } <= set(metrics["plots"].values())
     report = (out / "report.md").read_text(encoding="utf-8")
+    assert "## OOD suite, per group" in report and "| letters | 500 |" in report
     assert (
         "# Evaluation: tiny-lle-vgn" in report
         and "![Reliability diagram](reliability.png)" in report

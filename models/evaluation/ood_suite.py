@@ -1,0 +1,142 @@
+"""The OOD suite (:mod:`models.data_ood.suite`, docs/ood-suite.md) evaluated per group.
+
+For every group the served rule's abstain rate at the given ``abstain_k`` (paper §3.2: accept
+when ``p̄₁ − k·s₁ > p̄₂ + k·s₂``) and, with OOD as the positive class against the in-distribution
+split, the AUROC and FPR@95 (:mod:`models.evaluation.ood`, paper §4.6) of VGMU and every baseline
+score (TU/AU/EU, MI, EPKL, EPJS, EPCE: :data:`models.evaluation.UNCERTAINTY_SCORES`). Pooled rows:
+``far`` (the five far groups, the ones with abstain targets) and ``all`` (every group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from models.evaluation.ood import ood_metrics
+from models.uncertainty.scoring import score_members
+
+__all__ = ["SUITE_PER_GROUP", "card_ood_suite", "ood_suite_metrics", "suite_members"]
+
+SUITE_PER_GROUP = 500  # images per group evaluated by ``vge evaluate`` and stored in the card
+
+
+def _arrays(p: Tensor, q: Tensor | None, abstain_k: float, names: tuple[str, ...]):
+    s = score_members(p, q, abstain_k=abstain_k)
+    arrays = {n: getattr(s, n).double().numpy() for n in names}
+    return arrays, s.abstain.numpy(), s.prediction.numpy()
+
+
+@lru_cache(maxsize=2)
+def _suite_images(n_per_group: int, seed: int) -> dict[str, np.ndarray]:
+    """The suite's images, generated once per process (read-only arrays: a few seconds to draw)."""
+    from models.data_ood import ood_suite
+
+    images = ood_suite(n_per_group, seed=seed)
+    for a in images.values():
+        a.setflags(write=False)
+    return images
+
+
+def suite_members(
+    forward: Callable[[Tensor], tuple[Tensor, Tensor | None]],
+    prepare: Callable[[Tensor], Tensor],
+    n_per_group: int = SUITE_PER_GROUP,
+    seed: int = 0,
+    batch_size: int = 512,
+) -> tuple[dict[str, np.ndarray], dict[str, tuple[Tensor, Tensor | None]]]:
+    """The suite's raw images and the model's members on them: ``(images, {group: (p, q)})``.
+    ``prepare`` maps uint8 ``(N, 1, 28, 28)`` to model inputs; ``forward`` inputs to ``(p, q)``."""
+    images = _suite_images(n_per_group, seed)
+    members: dict[str, tuple[Tensor, Tensor | None]] = {}
+    for group, imgs in images.items():
+        x = prepare(torch.from_numpy(np.array(imgs)).unsqueeze(1))
+        ps, qs = [], []
+        for start in range(0, x.shape[0], batch_size):
+            p, q = forward(x[start : start + batch_size])
+            ps.append(p)
+            if q is not None:
+                qs.append(q)
+        members[group] = (torch.cat(ps), torch.cat(qs) if qs else None)
+    return images, members
+
+
+def ood_suite_metrics(
+    p_id: Tensor,
+    q_id: Tensor | None,
+    groups: Mapping[str, tuple[Tensor, Tensor | None]],
+    abstain_k: float,
+) -> dict[str, Any]:
+    """``{"groups": {group: {n, abstain_rate, target, meets_target, predicted (class counts),
+    scores {score: {auroc, fpr95}}}}, "far": {...}, "all": {...}}`` (pooled rows without
+    target), against the in-distribution members ``p_id``/``q_id``."""
+    from models.data_ood.suite import ABSTAIN_TARGETS, FAR_GROUPS
+    from models.evaluation import UNCERTAINTY_SCORES
+
+    id_arrays, _, _ = _arrays(p_id, q_id, abstain_k, UNCERTAINTY_SCORES)
+    n_classes = p_id.shape[-1]
+    per: dict[str, Any] = {}
+    pooled: dict[str, list] = {"far": [], "all": []}
+    for group, (p, q) in groups.items():
+        arrays, abstain, pred = _arrays(p, q, abstain_k, UNCERTAINTY_SCORES)
+        target = ABSTAIN_TARGETS.get(group)
+        rate = float(abstain.mean())
+        per[group] = {
+            "n": int(abstain.size),
+            "abstain_rate": rate,
+            "target": target,
+            "meets_target": None if target is None else bool(rate >= target),
+            "predicted": np.bincount(pred, minlength=n_classes).tolist(),
+            "scores": ood_metrics(id_arrays, arrays),
+        }
+        for key in ("far", "all") if group in FAR_GROUPS else ("all",):
+            pooled[key].append((arrays, abstain))
+    out: dict[str, Any] = {"abstain_k": float(abstain_k), "groups": per}
+    for key, parts in pooled.items():
+        if not parts:
+            continue
+        arrays = {n: np.concatenate([a[n] for a, _ in parts]) for n in UNCERTAINTY_SCORES}
+        abstain = np.concatenate([ab for _, ab in parts])
+        out[key] = {
+            "n": int(abstain.size),
+            "abstain_rate": float(abstain.mean()),
+            "scores": ood_metrics(id_arrays, arrays),
+        }
+    return out
+
+
+@torch.no_grad()
+def card_ood_suite(
+    model: torch.nn.Module,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    input_size: tuple[int, int],
+    p_id: Tensor,
+    q_id: Tensor | None,
+    abstain_k: float,
+    device: torch.device | str = "cpu",
+) -> dict[str, Any] | None:
+    """:func:`ood_suite_metrics` of a freshly trained ``model`` (what the model card stores), its
+    inputs normalised with the dataset's ``mean``/``std`` as the served path does; ``None`` for
+    models that do not take 1-channel 28×28 images."""
+    if len(mean) != 1 or tuple(input_size) != (28, 28):
+        return None
+    was_training = model.training
+    model.eval()
+
+    def forward(x: Tensor) -> tuple[Tensor, Tensor | None]:
+        out = model(x.to(device))
+        return out.p.float().cpu(), None if out.q is None else out.q.float().cpu()
+
+    def prepare(u: Tensor) -> Tensor:
+        return (u.float() / 255.0 - mean[0]) / std[0]
+
+    try:
+        _, members = suite_members(forward, prepare)
+    finally:
+        model.train(was_training)
+    return ood_suite_metrics(p_id, q_id, members, abstain_k)
