@@ -124,6 +124,15 @@ class TrainConfig(ArchitectureSpec):
     deterministic: bool = True
     target_deferral: float | None = Field(None, gt=0, lt=1)
     target_risk: float | None = Field(None, gt=0, lt=1)
+    outlier_exposure: float = Field(
+        0.0,
+        ge=0,
+        le=10,
+        description="weight of the outlier-exposure loss (models/training/outliers.py: generated "
+        "non-digits pushed to a uniform answer; 1-channel 28x28 data only); 0 = off",
+    )
+    outlier_batch_size: int = Field(64, ge=1, le=LIMITS["batch_size"])
+    outlier_pool: int = Field(12000, ge=1, le=100_000)
     init_from: str | None = Field(
         None,
         description="a model directory whose weights start the run (fine-tuning): its "

@@ -16,6 +16,7 @@ from .config import TrainConfig
 from .data import TrainLoader, load_data, train_loader
 from .events import EventFn, Progress
 from .finalise import TrainResult, finalise
+from .outliers import OutlierExposure
 from .runtime import Runtime, barrier, runtime, seed_everything, wrap_ddp
 from .step import Augmenter, Optimisation, build_optimisation, train_step
 from .stopping import EarlyStopping
@@ -89,6 +90,7 @@ class _Run:
     epoch: int = 0  # the last epoch started
     cancelled: bool = False
     init: dict[str, Any] | None = None  # the model whose weights started the run (init_from)
+    outliers: OutlierExposure | None = None  # outlier exposure (config.outlier_exposure > 0)
 
     @classmethod
     def setup(cls, config: TrainConfig, rt: Runtime, emit: EventFn) -> _Run:
@@ -104,8 +106,22 @@ class _Run:
         progress = Progress(emit, config.model_name(), config.epochs, len(loader), rt)
         progress.start(bundle)
         stopping = EarlyStopping(model, config.patience, config.min_delta)
+        outliers = None
+        if config.outlier_exposure > 0:
+            outliers = OutlierExposure.for_run(config, bundle, rt.rank)
         return cls(
-            config, rt, bundle, model, net, loader, opt, augment, progress, stopping, init=init
+            config,
+            rt,
+            bundle,
+            model,
+            net,
+            loader,
+            opt,
+            augment,
+            progress,
+            stopping,
+            init=init,
+            outliers=outliers,
         )
 
     def train_epoch(self, epoch: int, should_stop: StopFn | None) -> float | None:
@@ -116,7 +132,14 @@ class _Run:
         loss_sum, n_seen = 0.0, 0
         for x, y in self.loader:
             loss = train_step(
-                self.net, x, y, self.opt, self.config.resolved_loss, self.rt.device, self.augment
+                self.net,
+                x,
+                y,
+                self.opt,
+                self.config.resolved_loss,
+                self.rt.device,
+                self.augment,
+                self.outliers,
             )
             loss_sum += float(loss) * len(y)
             n_seen += len(y)

@@ -23,6 +23,7 @@ from models.data import DataBundle, random_affine
 from models.ensembles import EnsembleOutput
 
 from .config import TrainConfig
+from .outliers import OutlierExposure
 
 __all__ = [
     "Augmenter",
@@ -142,12 +143,17 @@ def train_step(
     loss_kind: str,
     device: torch.device,
     augment: Augmenter | None = None,
+    outliers: OutlierExposure | None = None,
 ) -> Tensor:
-    """Forward, loss, backward and optimiser step on one batch; returns the (detached) loss."""
+    """Forward, loss, backward and optimiser step on one batch; returns the (detached) loss.
+    With ``outliers`` the loss adds outlier exposure (:mod:`models.training.outliers`)."""
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     if augment is not None:  # training batches only; validation/test never pass here
         x = augment(x)
-    out, log_p = net(x, return_log_p=True)
-    loss = mixture_nll(out, log_p, y, loss_kind)
+    if outliers is not None:
+        loss = outliers.loss(net, x, y, loss_kind)
+    else:
+        out, log_p = net(x, return_log_p=True)
+        loss = mixture_nll(out, log_p, y, loss_kind)
     opt.step(loss)
     return loss.detach()
