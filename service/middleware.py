@@ -127,8 +127,10 @@ class ServingMiddleware:
             scoring = self.scoring(scope["method"], path)
             length = _content_length(scope)
             setting, hint = "VGE_MAX_PAYLOAD_BYTES", "send fewer or smaller images"
-            if self.route_caps:
-                limit, setting, hint = self._cap(scope, path, scoring, limit, setting, hint)
+            if self.route_caps:  # a route's cap only ever lowers the payload cap
+                cap = self._cap(scope, path, scoring, limit, setting, hint)
+                if cap[0] < limit:
+                    limit, setting, hint = cap
             if length > limit:
                 await self._reject(
                     marked_send,
