@@ -164,8 +164,9 @@ def test_retrain_the_served_model_with_bounded_validated_jobs(
             arch = ("backbone", "backbone_kwargs", "ensemble", "members", "vgn", "k")
             assert {f: cfg[f] for f in arch} == {f: getattr(served, f) for f in arch}
             recipe = served.training["config"]
-            for f in ("loss", "lr", "lr_schedule", "batch_size", "augment", "seed", "patience"):
+            for f in ("loss", "lr_schedule", "batch_size", "augment", "seed", "patience"):
                 assert cfg[f] == recipe[f], f
+            assert cfg["lr"] == pytest.approx(recipe["lr"] / 10)  # a fine-tune: a tenth of it
             assert cfg["init_from"] == str(tiny_model) and cfg["epochs"] == 1
             export = work / "jobs" / job_id / "reviews"
             assert cfg["dataset"] == f"imagefolder:{export}+mnist-bundled"
