@@ -1,0 +1,51 @@
+"""Outlier exposure in training (models/training/outliers.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.ensembles import EnsembleOutput
+from models.training import TrainConfig, train
+from models.training.outliers import uniform_cross_entropy
+
+
+def test_uniform_cross_entropy_is_log_c_at_the_uniform_and_larger_elsewhere() -> None:
+    flat = torch.full((4, 3, 10), 0.1)
+    assert float(uniform_cross_entropy(EnsembleOutput(flat, flat), flat.log())) == pytest.approx(
+        math.log(10)
+    )
+    sure = torch.softmax(torch.randn(4, 3, 10) * 5, -1)
+    assert float(uniform_cross_entropy(EnsembleOutput(sure, None), sure.log())) > math.log(10)
+
+
+def test_a_run_with_outlier_exposure_trains_and_records_it(tmp_path: Path) -> None:
+    config = TrainConfig(
+        name="tiny-oe",
+        max_train_samples=128,
+        epochs=1,
+        members=2,
+        batch_size=64,
+        vgn=True,
+        outlier_exposure=0.5,
+        outlier_batch_size=16,
+        outlier_pool=64,
+        device="cpu",
+    )
+    out = train(config, tmp_path / "m")
+    card = json.loads((out / "model_card.json").read_text())
+    assert card["training"]["config"]["outlier_exposure"] == 0.5
+    assert set(card["metrics"]["evaluation"]["ood_suite"]["groups"]) >= {"letters", "noise"}
+
+
+def test_outlier_exposure_refuses_images_it_cannot_match() -> None:
+    from models.data import DataBundle
+    from models.training.outliers import OutlierExposure
+
+    bundle = DataBundle("x", None, None, None, ["a", "b"], 3, (32, 32), (0.5,) * 3, (0.2,) * 3, "")
+    with pytest.raises(ValueError, match="1-channel 28x28"):
+        OutlierExposure.for_run(TrainConfig(outlier_exposure=0.5), bundle)
