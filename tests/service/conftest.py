@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +77,10 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> Server:
-    """Start ``vge serve`` with ``settings`` (as VGE_* env vars) and wait until it is ready.
+def start_server(
+    workdir: Path, model_dir: Path | None, *, args: Sequence[str] = (), **settings: object
+) -> Server:
+    """Start ``vge serve [args]`` with ``settings`` (as VGE_* env vars) and wait until it is ready.
 
     It listens on a port the kernel picks (``VGE_PORT=0``), read from its "listening on" line, so
     no other socket can take the port between choosing it and binding it.
@@ -108,7 +110,7 @@ def start_server(workdir: Path, model_dir: Path | None, **settings: object) -> S
     os.close(fd)
     log_path = Path(name)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli.serve"],
+        [sys.executable, "-m", "service.cli.serve", *args],
         cwd=REPO,
         env=env,
         stdout=log_path.open("wb"),
@@ -220,3 +222,52 @@ def approx_result(got: dict[str, object], want: dict[str, object]) -> None:
             assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
         else:
             assert got[key] == value, key
+
+
+def engine_pid(srv: Server) -> int | None:
+    """The engine among the supervisor's children (/proc: the spawned one), or None."""
+    pid = srv.proc.pid
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+            return int(child)
+    return None
+
+
+def until(cond: Callable[[], bool], what: str, srv: Server, timeout: float = 120) -> None:
+    """Poll ``cond`` (connection errors count as not yet) until it holds; else fail with the log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{srv.log()}"
+        time.sleep(0.2)
+
+
+def kill_engine(srv: Server) -> dict[str, object]:
+    """``kill -9`` the engine, wait for the supervisor's new one to be ready with a restored
+    model; that model's ``/v1/models`` entry."""
+    engine = engine_pid(srv)
+    assert engine is not None, f"no engine process under {srv.proc.pid}:\n{srv.log()}"
+    os.kill(engine, signal.SIGKILL)
+    until(lambda: engine_pid(srv) not in (None, engine), "a new engine", srv)
+
+    def served() -> dict[str, object]:
+        return httpx.get(srv.url + "/v1/models", timeout=10).json()["models"][0]
+
+    until(
+        lambda: (
+            httpx.get(srv.url + "/readyz", timeout=5).status_code == 200
+            and served()["served_because"] == "restored"
+        ),
+        "the new engine's model",
+        srv,
+    )
+    assert srv.metric("vge_process_restarts_total", role="engine") >= 1
+    return served()

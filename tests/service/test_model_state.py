@@ -14,12 +14,7 @@ holds the model history) across restarts:
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +22,13 @@ import httpx
 import pytest
 
 from models.zoo import zoo_model_dir
-from tests.service import conftest
-from tests.service.conftest import API_KEY, Server, copy_model, start_server
+from tests.service.conftest import (
+    API_KEY,
+    Server,
+    copy_model,
+    kill_engine,
+    start_server,
+)
 
 A = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -45,70 +45,6 @@ def _post(srv: Server, path: str, body: dict[str, Any] | None = None) -> httpx.R
     return httpx.post(srv.url + path, json=body, headers=A, timeout=120)
 
 
-def _engine_pid(srv: Server) -> int:
-    """The engine among the supervisor's children (/proc): the spawned one."""
-    pid = srv.proc.pid
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-        except FileNotFoundError:
-            continue
-        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
-            return int(child)
-    raise AssertionError(f"no engine process under {pid}:\n{srv.log()}")
-
-
-def _until(cond: Callable[[], bool], what: str, srv: Server, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if cond():
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{srv.log()}"
-        time.sleep(0.2)
-
-
-def _kill_engine(srv: Server) -> dict[str, Any]:
-    """``kill -9`` the engine, wait for the supervisor's new one; the model it serves."""
-    engine = _engine_pid(srv)
-    os.kill(engine, signal.SIGKILL)
-    _until(lambda: _engine_pid_or_none(srv) not in (None, engine), "a new engine", srv)
-    _until(
-        lambda: (
-            httpx.get(srv.url + "/readyz", timeout=5).status_code == 200
-            and _served(srv)["served_because"] == "restored"
-        ),
-        "the new engine's model",
-        srv,
-    )
-    assert srv.metric("vge_process_restarts_total", role="engine") >= 1
-    return _served(srv)
-
-
-def _engine_pid_or_none(srv: Server) -> int | None:
-    try:
-        return _engine_pid(srv)
-    except AssertionError:
-        return None
-
-
-def _start_with_flags(
-    monkeypatch: pytest.MonkeyPatch, flags: list[str], workdir: Path, **settings: object
-) -> Server:
-    """:func:`start_server` with command-line flags after ``vge serve`` (its command takes none:
-    ``subprocess.Popen`` is wrapped while it starts the server)."""
-    real = subprocess.Popen
-
-    def popen(cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-        return real([*cmd, *flags], **kw)
-
-    with monkeypatch.context() as m:
-        m.setattr(conftest.subprocess, "Popen", popen)
-        return start_server(workdir, None, **settings)
-
-
 @pytest.fixture(scope="module")
 def models_root(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
     """``tiny-v1`` (1.0.0) and ``tiny-v2`` (2.0.0): the same weights, so the gate passes."""
@@ -119,7 +55,7 @@ def models_root(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> P
 
 
 def test_served_model_survives_kill_and_restart_and_model_dir_flag_wins_once(
-    tmp_path_factory: pytest.TempPathFactory, models_root: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory, models_root: Path
 ) -> None:
     """promote → kill -9 engine → promoted; → full restart → promoted; rollback → restart →
     rolled back; --model-dir wins over the history at its start, not at the engine's restarts.
@@ -143,7 +79,7 @@ def test_served_model_survives_kill_and_restart_and_model_dir_flag_wins_once(
         assert len(entry["weights_sha256"]) == 64 and entry["comparison"]["verdict"] == "passed"
 
         # kill -9 of the engine: the supervisor's new engine restores the promoted model
-        restored = _kill_engine(srv)
+        restored = kill_engine(srv)
         assert restored["version"] == "2.0.0"
         assert restored["restored_from"]["action"] == "promote"
         assert restored["served_since"] == promoted["served_since"]  # chosen then, not now
@@ -175,7 +111,7 @@ def test_served_model_survives_kill_and_restart_and_model_dir_flag_wins_once(
         assert srv.stop() == 0
 
     # the history says tiny-v2; --model-dir tiny-v1 on the command line wins, and says so
-    srv = _start_with_flags(monkeypatch, ["--model-dir", str(models_root / "tiny-v1")], work, **cfg)
+    srv = start_server(work, None, args=["--model-dir", str(models_root / "tiny-v1")], **cfg)
     try:
         served = _served(srv)
         assert (served["version"], served["served_because"]) == ("1.0.0", "start")
@@ -183,7 +119,7 @@ def test_served_model_survives_kill_and_restart_and_model_dir_flag_wins_once(
         assert _history(srv)[0]["note"] == "model_dir given explicitly"
         # ... at this start only: a promote after it survives the engine's restart
         assert _post(srv, "/v1/models/promote", {"model": "tiny-v2"}).status_code == 200
-        assert _kill_engine(srv)["version"] == "2.0.0"
+        assert kill_engine(srv)["version"] == "2.0.0"
     finally:
         assert srv.stop() == 0
 
