@@ -9,6 +9,7 @@ score (TU/AU/EU, MI, EPKL, EPJS, EPCE: :data:`models.evaluation.UNCERTAINTY_SCOR
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -140,3 +141,50 @@ def card_ood_suite(
     finally:
         model.train(was_training)
     return ood_suite_metrics(p_id, q_id, members, abstain_k)
+
+
+def validation_outliers(model_dir: str, n: int = 2000, seed: int = 1) -> dict[str, Any]:
+    """What the outlier-exposure recipe was chosen on, never the suite: the validation digits
+    and a fresh draw (``seed`` 1; training uses the config's seed 0) of the *training* outlier
+    families (:func:`models.data_ood.outlier_exposure_set`), through the served path at the
+    card's calibrated k. Returns accuracy, deferral and accepted accuracy on the validation
+    digits, the abstain rate per outlier family and VGMU's AUROC digits vs outliers."""
+    from models.data import bundled_split, load_bundled_mnist
+    from models.data_ood import OUTLIER_FAMILIES, outlier_exposure_set
+    from models.evaluation.ood import ood_auroc
+    from models.predictor import Predictor
+
+    pred = Predictor.from_dir(model_dir, device="cpu")
+    k = float(pred.card.abstain_calibration["abstain_k"])
+
+    def run(images: np.ndarray):
+        x = torch.stack([pred.prepare(torch.from_numpy(img).unsqueeze(0)) for img in images])
+        out = pred.forward(x)
+        return score_members(out.p, out.q, abstain_k=k)
+
+    images, labels = load_bundled_mnist()
+    val = bundled_split()["val"]
+    s_id = run(images[val])
+    correct = s_id.prediction.numpy() == labels[val]
+    accepted = ~s_id.abstain.numpy()
+    outliers, family = outlier_exposure_set(n, seed=seed)
+    s_ood = run(outliers)
+    abstain = s_ood.abstain.numpy()
+    return {
+        "abstain_k": k,
+        "val_accuracy": float(correct.mean()),
+        "val_deferral": float(1 - accepted.mean()),
+        "val_accepted_accuracy": float(correct[accepted].mean()),
+        "outlier_abstain": {
+            name: float(abstain[family == i].mean()) for i, name in enumerate(OUTLIER_FAMILIES)
+        },
+        "outlier_abstain_all": float(abstain.mean()),
+        "vgmu_auroc": ood_auroc(s_id.vgmu.double().numpy(), s_ood.vgmu.double().numpy()),
+    }
+
+
+if __name__ == "__main__":  # python -m models.evaluation.ood_suite MODEL_DIR [MODEL_DIR ...]
+    import sys
+
+    for d in sys.argv[1:]:
+        print(d, json.dumps(validation_outliers(d), indent=1))
