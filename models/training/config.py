@@ -176,8 +176,8 @@ class TrainConfig(ArchitectureSpec):
                     f"{key[:80]!r} is not a keyword argument name (an identifier of at most "
                     f"{LIMITS['backbone_kwargs_str']} characters)"
                 )
-            items = value if isinstance(value, list) else [value]
-            if isinstance(value, list) and len(value) > LIMITS["backbone_kwargs_list"]:
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if isinstance(value, (list, tuple)) and len(value) > LIMITS["backbone_kwargs_list"]:
                 raise ValueError(f"{key}: a list of at most {LIMITS['backbone_kwargs_list']} items")
             for item in items:
                 problem = _kwarg_problem(item)
