@@ -49,3 +49,26 @@ def test_outlier_exposure_refuses_images_it_cannot_match() -> None:
     bundle = DataBundle("x", None, None, None, ["a", "b"], 3, (32, 32), (0.5,) * 3, (0.2,) * 3, "")
     with pytest.raises(ValueError, match="1-channel 28x28"):
         OutlierExposure.for_run(TrainConfig(outlier_exposure=0.5), bundle)
+
+
+def test_outliers_never_touch_batchnorm_statistics() -> None:
+    """With outliers appended, the digits' outputs and the running statistics are exactly those
+    of a pass over the digits alone (BatchNorm normalises by, and tracks, the digits only)."""
+    import copy
+
+    from models.training.outliers import _digit_batchnorm
+
+    torch.manual_seed(0)
+    net = TrainConfig(backbone="cnn4", members=2, vgn=True).build(10, 1).train()
+    for m in net.modules():  # dropout off, so the two passes are comparable
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    twin = copy.deepcopy(net)
+    x, noise = torch.randn(8, 1, 28, 28), torch.rand(5, 1, 28, 28) * 9
+    with _digit_batchnorm(net, 8):
+        mixed = net(torch.cat([x, noise]))
+    alone = twin(x)
+    torch.testing.assert_close(mixed.q[:8], alone.q, rtol=1e-4, atol=1e-6)
+    for (name, a), (_, b) in zip(net.named_buffers(), twin.named_buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert all(m.momentum == 0.1 for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d))
