@@ -278,6 +278,15 @@ class ModelHistory:
         rows = self.entries(1)
         return rows[0] if rows else None
 
+    def latest_start(self) -> dict[str, Any] | None:
+        """The newest ``start`` entry: the configured model of the last start that recorded one."""
+        row = self.db.fetchone(
+            "SELECT * FROM model_history WHERE replica = ? AND action = 'start' "
+            "ORDER BY at DESC, id DESC LIMIT 1",
+            (self.replica,),
+        )
+        return self._decoded(row) if row is not None else None
+
     def target(self, entry_id: str | None) -> dict[str, Any]:
         """The entry to roll back to: ``entry_id``, else the one before the latest (undo)."""
         if entry_id is not None:
@@ -571,8 +580,9 @@ class ModelManager:
         """The model to serve at an engine start: the newest history entry (restored, after
         checking its weights' sha256), else the configured model (``model_dir``: a directory or
         a zoo model's name; else the shipped default). ``model_dir`` given explicitly
-        (``model_dir_explicit``) wins at the first engine start of a run (``first_start``),
-        not at its restarts. A recorded model that cannot be restored: the configured model,
+        (``model_dir_explicit``), or a ``model_dir`` other than the last recorded start's (a new
+        deployment), wins at the first engine start of a run (``first_start``), not at its
+        restarts. A recorded model that cannot be restored: the configured model,
         reported loudly (:attr:`restore_failed`, log, metric)."""
         start_dir = resolve_model_dir(self.settings.model_dir)
         latest = None
@@ -589,21 +599,24 @@ class ModelManager:
                 "it, not %s, which the model history records", start_dir, recorded,
             )  # fmt: skip
             return await self.load(start_dir, "start", note="model_dir given explicitly")
+        if first_start and self.settings.model_dir is not None:
+            # A VGE_MODEL_DIR other than the last start's is a new deployment (the documented
+            # rolling-restart rollout points it at a new directory): it wins over what was
+            # promoted at run time under the old configuration. The same one: restore.
+            last = await asyncio.to_thread(self.history.latest_start)  # type: ignore[union-attr]
+            if last is not None and Path(start_dir).resolve() != Path(last["model_dir"]):
+                log.warning(
+                    "model_dir %s (VGE_MODEL_DIR) changed since the last start (%s): serving it, "
+                    "not %s, which the model history records", start_dir, last["model_dir"],
+                    recorded,
+                )  # fmt: skip
+                return await self.load(start_dir, "start", note="VGE_MODEL_DIR changed")
         async with self._lock:
             try:
                 await asyncio.to_thread(check_recorded_weights, latest)
                 loaded = await self._load(Path(latest["model_dir"]))
             except Exception as exc:  # noqa: BLE001 - any failure: serve the start model, loudly
                 return await self._restore_failed(latest, recorded, exc, start_dir)
-        if (
-            first_start
-            and self.settings.model_dir is not None
-            and Path(start_dir).resolve() != Path(latest["model_dir"])
-        ):
-            log.warning(
-                "model_dir %s (VGE_MODEL_DIR) is the model of the first start only: serving %s; "
-                "start with --model-dir to serve another model", start_dir, recorded,
-            )  # fmt: skip
         log.info("restored %s (weights sha256 verified)", recorded)
         restored_from = {"history_id": latest["id"], "action": latest["action"],
                          "at": _iso(latest["at"])}  # fmt: skip

@@ -58,7 +58,8 @@ def test_served_model_survives_kill_and_restart_and_model_dir_flag_wins_once(
     tmp_path_factory: pytest.TempPathFactory, models_root: Path
 ) -> None:
     """promote → kill -9 engine → promoted; → full restart → promoted; rollback → restart →
-    rolled back; --model-dir wins over the history at its start, not at the engine's restarts.
+    rolled back; --model-dir wins over the history at its start, not at the engine's restarts;
+    a changed VGE_MODEL_DIR wins (a new deployment).
     One work directory throughout: each server start costs seconds."""
     work = tmp_path_factory.mktemp("state-restore")
     cfg = {"api_key": API_KEY, "workers": 1, "models_root": models_root, "drain_s": 0}
@@ -92,7 +93,6 @@ def test_served_model_survives_kill_and_restart_and_model_dir_flag_wins_once(
     try:
         again = _served(srv)
         assert (again["version"], again["served_because"]) == ("2.0.0", "restored")
-        assert "is the model of the first start only" in srv.log()
         r = _post(srv, "/v1/models/rollback")  # not gated: the escape hatch
         assert r.status_code == 200 and r.json()["model"]["version"] == "1.0.0", r.text
         assert r.json()["model"]["served_because"] == "rollback"
@@ -120,6 +120,17 @@ def test_served_model_survives_kill_and_restart_and_model_dir_flag_wins_once(
         # ... at this start only: a promote after it survives the engine's restart
         assert _post(srv, "/v1/models/promote", {"model": "tiny-v2"}).status_code == 200
         assert kill_engine(srv)["version"] == "2.0.0"
+    finally:
+        assert srv.stop() == 0
+
+    # a VGE_MODEL_DIR other than the last start's is a new deployment (a rolling restart onto a
+    # new directory): served and recorded as a start, not replaced by the history's promote
+    srv = start_server(work, models_root / "tiny-v2", **cfg)
+    try:
+        served = _served(srv)
+        assert (served["version"], served["served_because"]) == ("2.0.0", "start")
+        assert _history(srv)[0]["note"] == "VGE_MODEL_DIR changed"
+        assert "changed since the last start" in srv.log()
     finally:
         assert srv.stop() == 0
 
