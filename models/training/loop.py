@@ -16,7 +16,7 @@ from .config import TrainConfig
 from .data import TrainLoader, load_data, train_loader
 from .events import EventFn, Progress
 from .finalise import TrainResult, finalise
-from .outliers import OutlierExposure
+from .outliers import OutlierExposure, recalibrate_batchnorm
 from .runtime import Runtime, barrier, runtime, seed_everything, wrap_ddp
 from .step import Augmenter, Optimisation, build_optimisation, train_step
 from .stopping import EarlyStopping
@@ -151,6 +151,8 @@ class _Run:
 
     def end_epoch(self, epoch: int, train_loss: float) -> bool:
         """Validate, record, step the schedule, report; True when early stopping ends the run."""
+        if self.outliers is not None:  # the digits' exact BatchNorm statistics (outliers.py)
+            recalibrate_batchnorm(self.model, self.bundle.train, self.config.eval_batch_size)
         val_loss, val_acc = validate(
             self.model, self.bundle.val, self.rt, self.config.eval_batch_size
         )

@@ -155,3 +155,35 @@ def _pause_tracking(m: nn.Module, inp: tuple[Tensor, ...]) -> None:
     if not hasattr(m, "_oe_momentum"):
         m._oe_momentum = m.momentum
     m.momentum = 0.0
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(model: nn.Module, dataset, batch_size: int = 512) -> None:  # noqa: ANN001
+    """Set every BatchNorm layer's running statistics to the exact mean and variance of
+    ``dataset`` (the un-augmented training digits), as served inputs are normalised.
+
+    Why: with outlier exposure the network learns channels that fire on outliers and barely
+    vary on digits; normalised by the digits' small variance they amplify the lag of the
+    exponential running average, and the eval-mode answer drifts from the training-mode one
+    (validation NLL 0.45 in eval mode against 0.17 with batch statistics after two epochs).
+    Recomputing the population statistics after every epoch (as SWA's ``update_bn`` does)
+    removes the lag. Dropout and other layers stay in eval mode; nothing else changes."""
+    from torch.utils.data import DataLoader
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    was_training = model.training
+    model.eval()
+    saved = [(m.momentum, m.num_batches_tracked.clone()) for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average over the batches below
+        m.train()
+    device = next(model.parameters()).device
+    for x, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        model(x.to(device))
+    for m, (momentum, tracked) in zip(norms, saved, strict=True):
+        m.momentum = momentum
+        m.num_batches_tracked.copy_(tracked)
+    model.train(was_training)

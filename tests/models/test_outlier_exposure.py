@@ -72,3 +72,20 @@ def test_outliers_never_touch_batchnorm_statistics() -> None:
     for (name, a), (_, b) in zip(net.named_buffers(), twin.named_buffers(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     assert all(m.momentum == 0.1 for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d))
+
+
+def test_batchnorm_recalibration_sets_the_population_statistics() -> None:
+    from torch.utils.data import TensorDataset
+
+    from models.training.outliers import recalibrate_batchnorm
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.BatchNorm2d(2)).train()
+    x = torch.randn(320, 1, 4, 4) * 3 + 1
+    recalibrate_batchnorm(net, TensorDataset(x, torch.zeros(320)), batch_size=64)
+    feats = net[0](x).detach()
+    bn = net[1]
+    torch.testing.assert_close(bn.running_mean, feats.mean((0, 2, 3)), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        bn.running_var, feats.var((0, 2, 3), unbiased=True), rtol=5e-2, atol=1e-3
+    )
+    assert bn.momentum == 0.1 and int(bn.num_batches_tracked) == 0 and net.training
