@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from service.settings import Settings
+    from service.common.settings import Settings
 
 _FLAGS: list[tuple[str, type, str]] = [
     ("host", str, "interface to bind (VGE_HOST; default 127.0.0.1)"),
@@ -101,7 +101,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """``VGE_*`` environment variables, overridden by the flags given (raises ValidationError)."""
-    from service.settings import Settings
+    from service.common.settings import Settings
 
     overrides = {n: getattr(args, n) for n, _, _ in _FLAGS if getattr(args, n, None) is not None}
     if "model_dir" in overrides:
