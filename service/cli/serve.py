@@ -124,11 +124,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"vge serve: error: invalid settings: {problems}", file=sys.stderr)
         return 2
     if settings.model_dir is None:
-        from models.zoo import default_model_dir
+        from models.zoo import resolve_model_dir
 
-        if not default_model_dir().is_dir():
+        if not resolve_model_dir(None).is_dir():
             print(
-                f"vge serve: error: the shipped default model is missing at {default_model_dir()};"
+                f"vge serve: error: the shipped default model is missing at {resolve_model_dir(None)};"
                 " pass --model-dir (or VGE_MODEL_DIR)",
                 file=sys.stderr,
             )

@@ -13,12 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from models.uncertainty.margin import ABSTAIN_K_MAX
-
-#: The range of ``abstain_k`` the API accepts (a margin in standard deviations; see the paper, §3).
-#: The maximum is the library's bound, above any calibrated value.
-ABSTAIN_K_MIN = 0.0
-__all__ = ["ABSTAIN_K_MAX", "ABSTAIN_K_MIN", "Settings"]
+from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -351,10 +346,10 @@ class Settings(BaseSettings):
     def _check_model_dir(cls, v: Path | None) -> Path | None:
         """A model directory, or the bare name of a shipped model (e.g. lenet5-lle-vgn-mnist)."""
         if v is not None and not v.is_dir():
-            from models.zoo import zoo_model_dir, zoo_models
+            from models.zoo import resolve_model_dir, zoo_models
 
-            if len(v.parts) == 1 and zoo_model_dir(str(v)) is not None:
-                return zoo_model_dir(str(v))
+            if resolve_model_dir(v).is_dir():
+                return resolve_model_dir(v)
             raise ValueError(
                 f"model_dir {str(v)!r} is not a directory nor a shipped model "
                 f"({', '.join(zoo_models())}); point VGE_MODEL_DIR / --model-dir at a model "

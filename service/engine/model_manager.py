@@ -67,25 +67,12 @@ class LoadedModel:
     info: ModelInfo
 
 
-def default_model_dir() -> Path:
-    """The shipped default model (models.zoo)."""
-    from models.zoo import default_model_dir as zoo_default
-
-    return Path(zoo_default())
-
-
 def resolve_model_dir(model_dir: Path | None) -> Path:
     """``model_dir`` as given; a bare name of a shipped model when no such directory exists; the
-    shipped default when unset."""
-    if model_dir is None:
-        return default_model_dir()
-    if not model_dir.exists() and len(model_dir.parts) == 1:
-        from models.zoo import zoo_model_dir
+    shipped default when unset (:func:`models.zoo.resolve_model_dir`)."""
+    from models.zoo import resolve_model_dir as zoo_resolve
 
-        shipped = zoo_model_dir(str(model_dir))
-        if shipped is not None:
-            return shipped
-    return model_dir
+    return zoo_resolve(model_dir)
 
 
 def _describe(predictor: Any, generation: int, device: str) -> ModelInfo:

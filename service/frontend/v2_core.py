@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from models.serving import ScoreColumns
+from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 from service.common.decode import conform_one
 from service.common.errors import BadInput, InvalidValue, NotFound, PayloadTooLarge
 from service.common.model_info import ModelInfo
-from service.common.settings import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 from service.frontend.deps import ServiceState
 from service.frontend.review_queue import ReviewPolicy, review_policy
 

@@ -6,8 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
+from models.serving import DEFAULT_TOP_K
 from models.uncertainty.gate import GATE_K_MAX, K_MIN
-from service.common.settings import ABSTAIN_K_MAX, ABSTAIN_K_MIN
+from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 AbstainK = Annotated[
     float,
@@ -37,7 +38,7 @@ class PredictOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     abstain_k: AbstainK | None = None
-    top_k: TopK = 5
+    top_k: TopK = DEFAULT_TOP_K
     vgmu_on: VgmuOn | None = Field(
         None,
         description="Member set the whole answer comes from: q (gated; default for VGN models) "
