@@ -12,8 +12,8 @@ import pytest
 from models.evaluation.drift import bin_fractions, uncertainty_reference
 from models.serving import FIXED_COLUMNS, ScoreColumns
 from service.common.metrics import Metrics
+from service.engine import drift
 from service.engine.drift import UncertaintyMonitor
-from service.engine.engine import drift
 
 
 def _columns(vgmu: np.ndarray, eu: np.ndarray, abstain: np.ndarray) -> ScoreColumns:

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
+from service.frontend import http_protocol
 from service.frontend.http_protocol import FrontendHttpProtocol
-from service.frontend.server import http_protocol
 
 
 async def _app(scope, receive, send) -> None:  # noqa: ANN001

@@ -158,7 +158,7 @@ def test_large_bodies_are_parsed_off_the_event_loop() -> None:
     import asyncio
     import threading
 
-    from service.frontend.server import multipart
+    from service.frontend import multipart
 
     threads: list[str] = []
     real = multipart.parse_form
