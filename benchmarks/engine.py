@@ -4,7 +4,7 @@
                                 [--conc 64] [--seconds 4] [--rounds 3]
 
 Starts the real engine process as ``vge serve`` does (spawned, its own Unix socket, one
-shared-memory arena per client) and connects ``--clients`` :class:`~service.engine_client.EngineClient`
+shared-memory arena per client) and connects ``--clients`` :class:`~service.frontend.engine_client.EngineClient`
 instances, the front ends' own code, from this process. They keep ``--conc`` single-image requests
 in flight (a real MNIST digit's pixels written into the arena, as a front end's decoder does), and
 the benchmark reads the engine's threads' CPU time from ``/proc`` over each round: µs of CPU per
@@ -71,8 +71,8 @@ def _batch_sums(metrics_dir: Path) -> tuple[float, float]:
 
 async def _drive(args: argparse.Namespace, socket_path: str, arenas: list[str], size: int,
                  engine_pid: int, metrics_dir: Path) -> list[dict[str, float]]:  # fmt: skip
-    from service.engine_client import EngineClient
-    from service.shm import Arena
+    from service.common.shm import Arena
+    from service.frontend.engine_client import EngineClient
 
     image = np.load(REPO / "models" / "data" / "mnist-8k.npz")["images"][-1]  # (28, 28) uint8
     clients = [EngineClient(socket_path, Arena(path, size)) for path in arenas]
@@ -148,9 +148,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, float]]:
     previous = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     from benchmarks.peers import model_dir
-    from service.engine import engine_main
-    from service.settings import Settings
-    from service.shm import create_arena_file
+    from service.common.settings import Settings
+    from service.common.shm import create_arena_file
+    from service.engine.engine import engine_main
 
     settings = Settings(
         model_dir=model_dir(args.model),

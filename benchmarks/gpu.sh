@@ -37,7 +37,7 @@ export PYTHONUNBUFFERED=1
 step environment
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc
-$PY -c "import torch, torchvision, fastapi, uvicorn, litserve, service.app; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available(), 'torchvision', torchvision.__version__)"
+$PY -c "import torch, torchvision, fastapi, uvicorn, litserve, service.frontend.app; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available(), 'torchvision', torchvision.__version__)"
 run_tests() {
   step GPU tests
   local xdist

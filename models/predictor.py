@@ -38,6 +38,7 @@ from models.data import conform_image, normalise_uint8
 from models.ensembles import EnsembleOutput
 from models.nets.fold import fold_batchnorm
 from models.serving import (
+    DEFAULT_TOP_K,
     FIXED_COLUMNS,
     ScoreColumns,
     ScoreOptions,
@@ -241,7 +242,7 @@ class Predictor:
         *,
         abstain_k: float | None = None,
         vgmu_on: str | None = None,
-        top_k: int = 3,
+        top_k: int = DEFAULT_TOP_K,
         default_abstain_k: float | None = None,
     ) -> ScoreOptions:
         """Request options for this model (:func:`models.serving.resolve_options` with the card's
@@ -311,7 +312,7 @@ class Predictor:
         *,
         abstain_k: float | None = None,
         vgmu_on: str | None = None,
-        top_k: int = 3,
+        top_k: int = DEFAULT_TOP_K,
     ) -> list[dict[str, Any]]:
         """One dict per row: ``prediction, label, probabilities [{label, probability}], vgmu, snr,
         tu, au, eu, abstain, abstain_k`` — all of one member set, so ``probabilities[0]`` is the

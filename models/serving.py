@@ -52,6 +52,11 @@ class ScoreOptions:
         return ScoreOptions, (self.abstain_k, self.members, self.top_k)
 
 
+#: Probabilities listed per image when a request does not say: the API's default, served by every
+#: entry point (the request schemas, :func:`resolve_options`, :class:`models.predictor.Predictor`).
+DEFAULT_TOP_K = 5
+
+
 def resolve_options(
     *,
     model: str,
@@ -60,7 +65,7 @@ def resolve_options(
     num_classes: int,
     abstain_k: float | None = None,
     vgmu_on: str | None = None,
-    top_k: int = 3,
+    top_k: int = DEFAULT_TOP_K,
     default_abstain_k: float | None = None,
 ) -> ScoreOptions:
     """Request options -> :class:`ScoreOptions`: the one place the defaults are chosen.

@@ -27,7 +27,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from service.errors import NotReady, raw_error_response
+from service.common.errors import NotReady, raw_error_response
 
 BUSY = raw_error_response(
     503, "the server is shutting down; retry on another replica", NotReady.code,

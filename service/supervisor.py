@@ -16,10 +16,10 @@
   end died wait for its replacement instead of being reset. Front ends are forked after torch,
   torchvision and the app are imported, so those pages are shared; the engine is spawned so CUDA
   starts in a clean process.
-* Each front end gets a shared-memory arena (:mod:`service.shm`) created here, so a restarted
+* Each front end gets a shared-memory arena (:mod:`service.common.shm`) created here, so a restarted
   front end finds its arena and the engine never maps a file that vanished.
 * Faults: a front end or the engine that dies (even ``kill -9``) is restarted. Requests caught in
-  flight are answered 503 by the surviving side (:mod:`service.engine_client`); ``/readyz`` is
+  flight are answered 503 by the surviving side (:mod:`service.frontend.engine_client`); ``/readyz`` is
   503 until the engine is back. An engine that cannot start (a broken model) stops the server
   with exit code 1 and its message.
 * Drain (SIGTERM or SIGINT): front ends turn not-ready at once and keep answering for
@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from service.backlog import answer_queued
-from service.settings import Settings
+from service.common.settings import Settings
 
 log = logging.getLogger("vge.supervisor")
 
@@ -69,26 +69,6 @@ def _probe_bind(host: str, port: int) -> None:
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind((host, port))
-
-
-def die_with_parent() -> None:
-    """In a child: be killed when the supervisor dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``).
-
-    Without it a ``kill -9`` of ``vge serve`` would leave an engine holding the GPU and front ends
-    holding the port. Elsewhere this is a no-op (the engine connection drops, front ends follow).
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the supervisor died before prctl took effect
-        os._exit(1)
 
 
 class Supervisor:
@@ -117,9 +97,9 @@ class Supervisor:
         """Bind one listener per front end to the port (port 0 picks one); returns the port.
 
         Not listening yet: each front end listens on its own once it can serve
-        (:func:`service.frontend.reuseport_socket`).
+        (:func:`service.frontend.server.reuseport_socket`).
         """
-        from service.frontend import reuseport_socket
+        from service.frontend.server import reuseport_socket
 
         host, port = self.settings.host, self.settings.port
         if port:  # SO_REUSEPORT would share a port another server listens on: refuse that instead
@@ -153,13 +133,13 @@ class Supervisor:
         return None
 
     def make_arenas(self) -> None:
-        from service.shm import new_arena_file
+        from service.common.shm import new_arena_file
 
-        for i in range(self.n_workers):  # O_EXCL, 0600, random names (service.shm)
+        for i in range(self.n_workers):  # O_EXCL, 0600, random names (service.common.shm)
             self.arenas.append(str(new_arena_file(self.arena_size, f"{os.getpid()}-{i}")))
 
     def start_engine(self) -> None:
-        from service.engine import engine_main
+        from service.engine.engine import engine_main
 
         self.engine_ready = self._spawn.Event()
         self.engine = self._spawn.Process(
@@ -170,7 +150,7 @@ class Supervisor:
         self.engine.start()
 
     def start_frontend(self, index: int) -> Any:
-        from service.frontend import frontend_main
+        from service.frontend.server import frontend_main
 
         proc = self._fork.Process(
             target=frontend_main,
@@ -224,7 +204,7 @@ class Supervisor:
                 "vge serve: error: the engine failed to start (see the log above)", file=sys.stderr
             )
             return 2
-        from service.metrics import Metrics
+        from service.common.metrics import Metrics
 
         self._metrics = Metrics()
         self.frontends = []  # filled one by one: cleanup() stops those started if one fails
@@ -350,7 +330,7 @@ def run(settings: Settings) -> int:
     metrics_dir = workdir / "metrics"
     metrics_dir.mkdir()
     # Before anything imports prometheus-client: every process of this server writes its
-    # samples here (multiprocess mode, see service/metrics.py).
+    # samples here (multiprocess mode, see service/common/metrics.py).
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     if "prometheus_client" in sys.modules:  # imported early (e.g. embedding): re-resolve its values
         from prometheus_client import values
@@ -372,7 +352,7 @@ def run(settings: Settings) -> int:
         )
         return 2
     # Import what front ends run before forking them: the pages stay shared (copy-on-write).
-    import service.frontend  # noqa: F401
+    import service.frontend.server  # noqa: F401
 
     try:
         supervisor.make_arenas()

@@ -10,9 +10,6 @@ def model_dir(name: str | None = None) -> Path:
     """A benchmark's model: ``name`` (a zoo name or a directory), else ``VGE_MODEL_DIR`` as for
     ``vge serve`` (how a peer learns it), else the shipped default, so a benchmark can put any
     model behind every server."""
-    from models.zoo import default_model_dir, zoo_model_dir
+    from models.zoo import resolve_model_dir
 
-    name = name or os.environ.get("VGE_MODEL_DIR")
-    if not name:
-        return default_model_dir()
-    return zoo_model_dir(name) or Path(name)
+    return resolve_model_dir(name or os.environ.get("VGE_MODEL_DIR") or None)

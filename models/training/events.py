@@ -5,7 +5,7 @@ Events are dicts with ``type`` in {start, step, epoch, done} and ``epoch``, ``st
 ``train_size``/``val_size``/``world_size``/``device``/``name`` (start), ``train_loss`` (step,
 epoch), ``val_loss``/``val_accuracy``/``best_val_loss`` (epoch) and ``val_loss``/``val_accuracy``/
 ``test_accuracy``/``test_nll``/``best_epoch``/``cancelled``/``path`` (done).
-:mod:`service.jobs` relays them to job records.
+:mod:`service.engine.jobs` relays them to job records.
 """
 
 from __future__ import annotations

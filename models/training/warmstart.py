@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,7 +20,8 @@ from torch import nn
 from models.checkpoint import ArchitectureSpec, CheckpointError, ModelCard, read_card
 from models.data import TORCHVISION_NAMES, DataBundle, parse_imagefolder
 
-from .config import TrainConfig
+if TYPE_CHECKING:  # annotations only: config imports this module when it checks init_from
+    from .config import TrainConfig
 
 __all__ = ["architecture_differences", "check_init", "input_family", "load_init"]
 

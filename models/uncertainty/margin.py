@@ -10,6 +10,9 @@ from torch import Tensor
 from models.uncertainty.moments import ensemble_moments
 from models.uncertainty.validation import EPS
 
+#: The range of ``abstain_k`` (a margin in standard deviations; the paper, §3): the one definition
+#: that the settings, the request schemas and V2 import.
+ABSTAIN_K_MIN = 0.0
 #: Largest ``abstain_k`` anyone needs: a sample's critical value ``κ = (p̄1 − p̄2)/(s1 + s2)`` is at
 #: most ``1/(2ε) = 5e7`` (spreads include ε), so every calibrated ``k`` lies below this bound and the
 #: API accepts all of them.
@@ -45,9 +48,12 @@ def margin_score(probs: Tensor, abstain_k: float = 1.0, eps: float = EPS) -> Mar
 
 
 def check_abstain_k(abstain_k: float) -> None:
-    """Raise ``ValueError`` unless ``0 <= abstain_k <= ABSTAIN_K_MAX`` (not NaN or infinite)."""
-    if not 0 <= abstain_k <= ABSTAIN_K_MAX:
-        raise ValueError(f"abstain_k must be a number in [0, {ABSTAIN_K_MAX:g}]; got {abstain_k}")
+    """Raise ``ValueError`` unless ``ABSTAIN_K_MIN <= abstain_k <= ABSTAIN_K_MAX`` (not NaN or
+    infinite)."""
+    if not ABSTAIN_K_MIN <= abstain_k <= ABSTAIN_K_MAX:
+        raise ValueError(
+            f"abstain_k must be a number in [{ABSTAIN_K_MIN:g}, {ABSTAIN_K_MAX:g}]; got {abstain_k}"
+        )
 
 
 def margin_score_unchecked(

@@ -30,3 +30,18 @@ def zoo_models() -> list[str]:
 def zoo_model_dir(name: str) -> Path | None:
     """The shipped model ``name``'s directory, or None when there is no such zoo entry."""
     return zoo_dir() / name if name in zoo_models() else None
+
+
+def resolve_model_dir(model_dir: str | Path | None) -> Path:
+    """The one resolver of a model given by name or path (``vge serve``/``VGE_MODEL_DIR``, the
+    engine's start model, ``vge evaluate``, the benchmarks): ``None`` -> the shipped default; the
+    bare name of a shipped model with no such directory here -> its directory in the zoo; anything
+    else -> the path as given (the caller says when it is missing)."""
+    if model_dir is None or str(model_dir) == "":
+        return default_model_dir()
+    path = Path(model_dir)
+    if not path.is_dir() and len(path.parts) == 1:
+        shipped = zoo_model_dir(path.name)
+        if shipped is not None:
+            return shipped
+    return path

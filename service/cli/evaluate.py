@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "model_dir",
         type=Path,
-        help="directory with model.safetensors and model_card.json ('default': the shipped model)",
+        help="directory with model.safetensors and model_card.json, or a shipped model's name "
+        "('default': the shipped default)",
     )
     p.add_argument(
         "--out",
@@ -50,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
     from models.evaluation import run_evaluation
 
     model_dir: Path = args.model_dir
-    if str(model_dir) == "default" and not model_dir.exists():
-        from models.zoo import default_model_dir
+    from models.zoo import resolve_model_dir
 
-        model_dir = default_model_dir()
+    # 'default' (the shipped default) or any shipped model's name, when no such directory exists.
+    model_dir = resolve_model_dir(None if str(model_dir) == "default" and not model_dir.exists()
+                                  else model_dir)  # fmt: skip
     if not model_dir.is_dir():
         raise CliError(f"{model_dir}: no such model directory")
     # Default output goes to the working directory: model directories may be read-only package data.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
-    from service.settings import Settings
+    from service.common.settings import Settings
 
 _FLAGS: list[tuple[str, type, str]] = [
     ("host", str, "interface to bind (VGE_HOST; default 127.0.0.1)"),
@@ -101,7 +101,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """``VGE_*`` environment variables, overridden by the flags given (raises ValidationError)."""
-    from service.settings import Settings
+    from service.common.settings import Settings
 
     overrides = {n: getattr(args, n) for n, _, _ in _FLAGS if getattr(args, n, None) is not None}
     if "model_dir" in overrides:
@@ -124,11 +124,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"vge serve: error: invalid settings: {problems}", file=sys.stderr)
         return 2
     if settings.model_dir is None:
-        from models.zoo import default_model_dir
+        from models.zoo import resolve_model_dir
 
-        if not default_model_dir().is_dir():
+        if not resolve_model_dir(None).is_dir():
             print(
-                f"vge serve: error: the shipped default model is missing at {default_model_dir()};"
+                f"vge serve: error: the shipped default model is missing at {resolve_model_dir(None)};"
                 " pass --model-dir (or VGE_MODEL_DIR)",
                 file=sys.stderr,
             )

@@ -17,8 +17,8 @@ def test_summarise_names_roles_counts_busy_cores_and_drops_waiting(tmp_path: Pat
         "\n".join(
             [
                 f"{SUP};{ENGINE};spawn_main (multiprocessing/spawn.py:122);"
-                "Batcher._compute (service/batcher.py:274);Module._call_impl (torch/nn/m.py:1) 30",
-                f"{SUP};{ENGINE};Engine._infer (service/engine.py:254) 10",
+                "Batcher._compute (service/engine/batcher.py:274);Module._call_impl (torch/nn/m.py:1) 30",
+                f"{SUP};{ENGINE};Engine._infer (service/engine/engine.py:254) 10",
                 f"{SUP};{ENGINE};EpollSelector.select (selectors.py:468) 500",  # idle: left out
                 f"{SUP};{FRONT};RequestResponseCycle.run_asgi (uvicorn/h.py:422) 20",
             ]
@@ -27,7 +27,7 @@ def test_summarise_names_roles_counts_busy_cores_and_drops_waiting(tmp_path: Pat
     )
     lines = summarise(raw, seconds=1, rate=100).splitlines()
     assert lines[0] == "engine 11: 0.40 cores busy"
-    assert "75.0%  Batcher._compute (service/batcher.py:274)" in lines[1]
+    assert "75.0%  Batcher._compute (service/engine/batcher.py:274)" in lines[1]
     assert not any("spawn_main" in line or "select" in line for line in lines)
     front = lines.index("front end 12: 0.20 cores busy")
     assert "100.0%  RequestResponseCycle.run_asgi" in lines[front + 1]

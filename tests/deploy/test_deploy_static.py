@@ -225,7 +225,7 @@ def test_compose_bind_mounts_exist_and_match_configs(env_file):
 
 def test_compose_service_env_is_valid_settings(env_file):
     """Every VGE_* variable compose passes is a real setting and validates (extra='forbid')."""
-    from service.settings import Settings
+    from service.common.settings import Settings
 
     env = _compose_json((COMPOSE, COMPOSE_CPU), env_file)["services"]["vge"]["environment"]
     vge_env = {k: v for k, v in env.items() if k.startswith("VGE_")}
@@ -315,7 +315,7 @@ def test_dockerfile_shape():
 
 
 def test_dockerfile_env_is_valid_settings():
-    from service.settings import Settings
+    from service.common.settings import Settings
 
     env: dict[str, str] = {}
     for k, arg in _instructions():

@@ -17,9 +17,9 @@ import torch
 
 from models.predictor import Predictor
 from models.serving import ScoreOptions
-from service.batcher import Batcher
-from service.errors import DeadlineExceeded, QueueFull
-from service.metrics import Metrics
+from service.common.errors import DeadlineExceeded, QueueFull
+from service.common.metrics import Metrics
+from service.engine.batcher import Batcher
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""service.decode: images decoded in the thread pool are all written before the request's region
+"""service.common.decode: images decoded in the thread pool are all written before the request's region
 can be freed, even when one of them fails."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 import torch
 from torchvision.io import decode_image, encode_png
 
-from service.decode import INLINE_DECODE_BYTES, conform_one, decode_into, decode_one
-from service.errors import BadInput
-from service.settings import Settings
+from service.common.decode import INLINE_DECODE_BYTES, conform_one, decode_into, decode_one
+from service.common.errors import BadInput
+from service.common.settings import Settings
 
 
 def _noise_png(seed: int, side: int = 300) -> bytes:
@@ -83,8 +83,8 @@ def test_webp_size_is_read_from_each_kind_of_header(mode: str, kw: dict, chunk: 
     can claim 16383×16383 (805 MB decoded), and 64 of them in one request killed a front end."""
     from PIL import Image
 
-    from service.decode import check_image_bytes, read_header
-    from service.errors import PayloadTooLarge
+    from service.common.decode import check_image_bytes, read_header
+    from service.common.errors import PayloadTooLarge
 
     data = _pil_bytes(Image.new(mode, (300, 200)), "WEBP", **kw)
     assert data[12:16] == chunk
@@ -100,8 +100,8 @@ def test_a_gif_is_sized_by_every_frame_it_decodes() -> None:
     writes."""
     from PIL import Image
 
-    from service.decode import check_image_bytes, read_header
-    from service.errors import PayloadTooLarge
+    from service.common.decode import check_image_bytes, read_header
+    from service.common.errors import PayloadTooLarge
 
     frames = [Image.new("L", (40, 30), c) for c in (0, 60, 120, 180, 240)]
     data = _pil_bytes(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50)
@@ -136,8 +136,8 @@ def test_a_gif_is_sized_by_its_largest_frame_and_walked_within_bounds() -> None:
     block no GIF holds ends the walk with the frames before it (the decoder decodes those, then
     fails), and a walk over too many data sub-blocks is refused instead of holding the
     interpreter."""
-    from service.decode import GIF_MAX_SUB_BLOCKS, check_image_bytes, read_header
-    from service.errors import PayloadTooLarge
+    from service.common.decode import GIF_MAX_SUB_BLOCKS, check_image_bytes, read_header
+    from service.common.errors import PayloadTooLarge
 
     small_canvas = _gif((1, 1), [(1, 1), (3000, 3000)])
     assert read_header(small_canvas) == ("gif", 3000, 3000, 2, 0)
@@ -158,7 +158,7 @@ def test_a_cmyk_jpeg_decodes_to_its_picture_not_its_inks() -> None:
 
     from PIL import Image
 
-    from service.decode import read_header
+    from service.common.decode import read_header
 
     digit = Image.open(Path(__file__).parents[2] / "examples" / "digit-7.png").convert("L")
     cmyk = _pil_bytes(digit.convert("CMYK"), "JPEG", quality=95)
@@ -168,7 +168,7 @@ def test_a_cmyk_jpeg_decodes_to_its_picture_not_its_inks() -> None:
     want = conform_one(decode_one(rgb, 0, Settings()), 0, 1, (28, 28)).float()
     assert (got - want).abs().mean() < 2.0, (got - want).abs().mean()
     assert float(got.mean()) < 100  # a dark digit on black, not all white
-    from service.decode import to_png  # what a review export writes for it
+    from service.common.decode import to_png  # what a review export writes for it
 
     exported = decode_image(torch.frombuffer(bytearray(to_png(cmyk)), dtype=torch.uint8))
     assert exported.shape[0] == 3 and float(exported.float().mean()) < 100
@@ -180,7 +180,7 @@ def test_a_failed_decode_does_not_keep_its_image_alive(monkeypatch: pytest.Monke
     decode (with the traceback kept, 64 decompression bombs held 64 decoded images at once)."""
     import weakref
 
-    import service.decode as decode
+    import service.common.decode as decode
 
     refs: list[weakref.ref] = []
 
@@ -220,7 +220,7 @@ def _check_released(decode, refs) -> None:  # noqa: ANN001
 def test_images_that_decode_large_are_not_decoded_on_the_event_loop() -> None:
     """A blank 2048×2048 PNG is a few KB: small by bytes, 4 M pixels decoded. Decoding it inline
     stalled the front end's event loop; only payloads small both ways are decoded there."""
-    from service.decode import _decode_inline
+    from service.common.decode import _decode_inline
 
     blank = bytes(encode_png(torch.zeros((1, 2048, 2048), dtype=torch.uint8)).numpy())
     digit = bytes(encode_png(torch.zeros((1, 28, 28), dtype=torch.uint8)).numpy())
@@ -235,8 +235,8 @@ def test_a_jpeg_is_sized_past_bytes_between_its_segments() -> None:
     header past them too (it does so with a search for the next marker, not byte by byte)."""
     from PIL import Image
 
-    from service.decode import check_image_bytes, read_header
-    from service.errors import PayloadTooLarge
+    from service.common.decode import check_image_bytes, read_header
+    from service.common.errors import PayloadTooLarge
 
     jpeg = _pil_bytes(Image.new("L", (300, 200)), "JPEG")
     padded = jpeg[:2] + b"\0" * 1_000_000 + jpeg[2:]

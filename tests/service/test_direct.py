@@ -1,4 +1,4 @@
-"""service/routes/direct.py in process: the scoring routes' fast lane answers exactly as FastAPI
+"""service/frontend/routes/direct.py in process: the scoring routes' fast lane answers exactly as FastAPI
 would, and only for the method and path it serves.
 
 A real FastAPI app with the service's own error handlers and one direct route, called through
@@ -15,8 +15,9 @@ import pytest
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from service.errors import BadInput, QueueFull, install_error_handlers
-from service.routes.direct import DirectDispatch, DirectPath, add_direct_route
+from service.common.errors import BadInput, QueueFull
+from service.frontend.error_handlers import install_error_handlers
+from service.frontend.routes.direct import DirectDispatch, DirectPath, add_direct_route
 
 
 async def echo(name: str, request: Request) -> Response:

@@ -1,4 +1,4 @@
-"""service/drift.py in process: the engine's window of served uncertainty, and what happens to its
+"""service/engine/drift.py in process: the engine's window of served uncertainty, and what happens to its
 gauges when the model is swapped out."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from models.evaluation.drift import bin_fractions, uncertainty_reference
 from models.serving import FIXED_COLUMNS, ScoreColumns
-from service import drift
-from service.drift import UncertaintyMonitor
-from service.metrics import Metrics
+from service.common.metrics import Metrics
+from service.engine import drift
+from service.engine.drift import UncertaintyMonitor
 
 
 def _columns(vgmu: np.ndarray, eu: np.ndarray, abstain: np.ndarray) -> ScoreColumns:

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from service.engine_client import _wait
-from service.errors import DeadlineExceeded
+from service.common.errors import DeadlineExceeded
+from service.frontend.engine_client import _wait
 
 
 def test_an_answer_in_time_is_returned_and_its_timer_cancelled() -> None:

@@ -281,7 +281,7 @@ def test_bytes_that_are_not_http_get_a_json_400(server: Server, raw: bytes, reas
 def test_an_over_cap_body_still_uploading_gets_its_413(server: Server) -> None:
     """The 413 goes out before the body is in (by Content-Length, or once a chunked body passes
     the cap). httpx's AsyncClient is still writing then; closing with its body unread reset the
-    connection and the client saw ReadError instead of the 413 (service.http_protocol)."""
+    connection and the client saw ReadError instead of the 413 (service.frontend.http_protocol)."""
     import asyncio
 
     import httpx

@@ -1,4 +1,4 @@
-"""service.http_protocol on a real uvicorn (in a thread, on loopback) with a small ASGI app.
+"""service.frontend.http_protocol on a real uvicorn (in a thread, on loopback) with a small ASGI app.
 
 The app answers ``/early-close`` with a 413 and ``Connection: close`` without reading the body (as
 the body cap does), ``/early`` with a keep-alive 400 without reading it, ``/slow`` 2.5 s after
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from service import http_protocol
-from service.http_protocol import FrontendHttpProtocol
+from service.frontend import http_protocol
+from service.frontend.http_protocol import FrontendHttpProtocol
 
 
 async def _app(scope, receive, send) -> None:  # noqa: ANN001

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from models.serving import ScoreOptions
-from service import ipc
-from service.ipc import (
+from service.common import ipc
+from service.common.ipc import (
     MAX_FRAME,
     FrameReader,
     InferRequest,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from service.db import Database
-from service.jobs import JobStore
+from service.common.db import Database
+from service.engine.jobs import JobStore
 
 
 def test_records_events_and_owners(db_url: str) -> None:
@@ -51,10 +51,10 @@ def test_an_old_table_without_owner_is_migrated(tmp_path: Path) -> None:
 
 
 def test_imagefolder_datasets_are_confined_to_the_data_root(tmp_path: Path) -> None:
-    from service.errors import InvalidValue
-    from service.jobs import JobManager
-    from service.metrics import Metrics
-    from service.settings import Settings
+    from service.common.errors import InvalidValue
+    from service.common.metrics import Metrics
+    from service.common.settings import Settings
+    from service.engine.jobs import JobManager
 
     root = tmp_path / "data"
     (root / "digits").mkdir(parents=True)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from service.metrics import UNCERTAINTY_BUCKETS, inc_many, observe_many
+from service.common.metrics import UNCERTAINTY_BUCKETS, inc_many, observe_many
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:

@@ -1,7 +1,7 @@
-"""service/middleware.py in process: the arrival count that adaptive batching reads, the body cap
+"""service/frontend/middleware.py in process: the arrival count that adaptive batching reads, the body cap
 and the drain marker.
 
-A real :class:`~service.engine_client.EngineClient` over a real shared-memory arena, and a small
+A real :class:`~service.frontend.engine_client.EngineClient` over a real shared-memory arena, and a small
 ASGI app in place of the routes, so the count can be read at each step of a request.
 """
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from service.deps import ServiceState
-from service.engine_client import EngineClient
-from service.errors import PayloadTooLarge
-from service.metrics import Metrics
-from service.middleware import ServingMiddleware
-from service.settings import Settings
-from service.shm import Arena, create_arena_file
+from service.common.errors import PayloadTooLarge
+from service.common.metrics import Metrics
+from service.common.settings import Settings
+from service.common.shm import Arena, create_arena_file
+from service.frontend.deps import ServiceState
+from service.frontend.engine_client import EngineClient
+from service.frontend.middleware import ServingMiddleware
 
 
 def _scoring(method: str, path: str) -> bool:
@@ -84,7 +84,7 @@ def test_sending_to_the_engine_ends_the_count_and_other_paths_never_count(
     async def inner(scope: dict, receive: Any, send: Any) -> None:
         await receive()
         seen.append(arena.arriving)
-        from service.engine_client import _ARRIVAL
+        from service.frontend.engine_client import _ARRIVAL
 
         _ARRIVAL.get().sent()  # what EngineClient.infer does right before it writes the request
         seen.append(arena.arriving)
@@ -177,7 +177,7 @@ def test_bodies_over_the_cap_are_refused_by_length_or_while_streaming(
 def test_the_served_app_counts_exactly_its_scoring_routes(state: ServiceState) -> None:
     """asgi_app hands the middleware the dispatcher's own route table: the requests that send
     images to the engine, and nothing else (no second list of paths to keep in step)."""
-    from service.app import asgi_app, create_app
+    from service.frontend.app import asgi_app, create_app
 
     served = asgi_app(create_app(state.settings, state.engine))
     assert isinstance(served, ServingMiddleware)

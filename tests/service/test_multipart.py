@@ -1,4 +1,4 @@
-"""service.multipart: bodies as real clients encode them, parsed back exactly; every malformed body
+"""service.frontend.multipart: bodies as real clients encode them, parsed back exactly; every malformed body
 a 4xx naming the problem."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.errors import BadInput, InvalidValue, PayloadTooLarge, ServiceError
-from service.multipart import parse_form
+from service.common.errors import BadInput, InvalidValue, PayloadTooLarge, ServiceError
+from service.frontend.multipart import parse_form
 
 CT = "multipart/form-data; boundary=b"
 
@@ -158,7 +158,7 @@ def test_large_bodies_are_parsed_off_the_event_loop() -> None:
     import asyncio
     import threading
 
-    from service import multipart
+    from service.frontend import multipart
 
     threads: list[str] = []
     real = multipart.parse_form

@@ -254,7 +254,7 @@ def test_a_port_in_use_is_refused_with_exit_code_2(tmp_path: Path) -> None:
 
 def _arriving(server: Server) -> int:
     """The front ends' arrival counts (their arenas' headers), as the engine's batcher reads them."""
-    from service.shm import shm_dir
+    from service.common.shm import shm_dir
 
     return sum(
         int.from_bytes(p.read_bytes()[:8], "little", signed=True)
@@ -311,7 +311,7 @@ def test_a_replaced_front_end_clears_the_arrival_count_its_predecessor_left(
 ) -> None:
     """A front end killed while it holds requests leaves them counted in its arena (the engine
     would then hold every batch for the full delay); its replacement starts from zero."""
-    from service.shm import shm_dir
+    from service.common.shm import shm_dir
 
     old = _children(tree.proc.pid)["frontend"]
     for pid in old:

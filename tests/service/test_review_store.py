@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from service.db import Database
-from service.errors import Conflict, InvalidValue, NotFound
-from service.reviews import ReviewStore, sniff_content_type
+from service.common.db import Database
+from service.common.errors import Conflict, InvalidValue, NotFound
+from service.common.reviews import ReviewStore, sniff_content_type
 
 CLASSES = [str(i) for i in range(10)]
 PNG = b"\x89PNG\r\n\x1a\n" + b"pixels"
@@ -93,7 +93,7 @@ def test_a_queue_from_before_the_byte_bound_gets_its_size_column(tmp_path: Path)
     """An older queue's table has no size column: it is added (0 for its items)."""
     import sqlite3
 
-    from service.reviews import SCHEMA
+    from service.common.reviews import SCHEMA
 
     path = tmp_path / "old.sqlite3"
     old_schema = SCHEMA.replace(",\n    size BIGINT NOT NULL DEFAULT 0", "")
@@ -259,7 +259,7 @@ def test_sniffs_image_types() -> None:
 def test_a_lost_postgres_connection_is_a_503_then_reconnects(pg_database, tmp_path: Path) -> None:
     import psycopg
 
-    from service.db import DatabaseUnavailable
+    from service.common.db import DatabaseUnavailable
 
     url = pg_database()
     store = make_store(url, tmp_path)

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from service.cli.serve import register, settings_from_args
-from service.settings import Settings
+from service.common.settings import Settings
 from tests.service.conftest import REPO
 
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.shm import ALIGN, HEADER, Allocator, Arena, create_arena_file
+from service.common.shm import ALIGN, HEADER, Allocator, Arena, create_arena_file
 
 
 @settings(max_examples=200, deadline=None)
@@ -118,7 +118,7 @@ def test_arena_files_are_private_new_files_with_unpredictable_names(tmp_path: Pa
     import os
     import stat
 
-    from service.shm import new_arena_file
+    from service.common.shm import new_arena_file
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")

@@ -1,0 +1,128 @@
+"""Errors as JSON: every client mistake becomes a 4xx ``{"error": "...", "code": "..."}``.
+
+Routes raise :class:`ServiceError` subclasses (the engine too: they cross the wire by class name,
+service.common.ipc); the handlers registered by
+:func:`service.frontend.error_handlers.install_error_handlers` turn them (and FastAPI's validation errors) into JSON responses and
+count rejections by reason. Only a genuine server fault is a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from http import HTTPStatus
+from typing import Any
+
+log = logging.getLogger("vge.service")
+
+#: The status recorded for a request whose client went away before its body arrived (nginx's).
+CLIENT_CLOSED_REQUEST = 499
+
+
+class ServiceError(Exception):
+    """An error with an HTTP status, a stable machine code and a human message naming the problem."""
+
+    status_code: int = 400
+    code: str = "bad_input"
+    #: the ``vge_rejections_total`` reason, or None when this error is not counted as a rejection
+    reason: str | None = "bad_input"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadInput(ServiceError):
+    """A malformed request: not an image, truncated data, wrong tensor shape, ..."""
+
+
+class InvalidValue(ServiceError):
+    """A well-formed request with a value out of range (422)."""
+
+    status_code = 422
+    code = "invalid_value"
+
+
+class PayloadTooLarge(ServiceError):
+    """Body, image or image count over a configured limit (413)."""
+
+    status_code = 413
+    code = "payload_too_large"
+    reason = "payload_too_large"
+
+
+class NotFound(ServiceError):
+    """Unknown model, job or resource (404)."""
+
+    status_code = 404
+    code = "not_found"
+    reason = None
+
+
+class Conflict(ServiceError):
+    """The request conflicts with the resource's state, e.g. cancelling a finished job (409)."""
+
+    status_code = 409
+    code = "conflict"
+    reason = None
+
+
+class Unauthorized(ServiceError):
+    """Missing API key (401)."""
+
+    status_code = 401
+    code = "unauthorized"
+    reason = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    """Wrong API key, or management endpoints disabled (403)."""
+
+    status_code = 403
+    code = "forbidden"
+    reason = "unauthorized"
+
+
+class QueueFull(ServiceError):
+    """The batcher's queue is full or the server is draining: retry later (503 + Retry-After)."""
+
+    status_code = 503
+    code = "queue_full"
+    reason = "queue_full"
+
+
+class DeadlineExceeded(ServiceError):
+    """The request's deadline passed while it waited in the queue; it was never computed (504)."""
+
+    status_code = 504
+    code = "deadline_exceeded"
+    reason = "deadline"
+
+
+class NotReady(ServiceError):
+    """No model is loaded yet, or the service is shutting down (503)."""
+
+    status_code = 503
+    code = "not_ready"
+    reason = None
+
+
+def error_body(message: str, code: str, **extra: Any) -> dict[str, Any]:
+    """The JSON error shape shared by /v1 and /v2 (``error`` is the V2 protocol's field)."""
+    return {"error": message, "code": code, **extra}
+
+
+def raw_error_response(
+    status: int, message: str, code: str, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> bytes:
+    """A whole HTTP/1.1 response carrying :func:`error_body`, with ``Connection: close``, as the
+    bytes to write to a socket: for answers no ASGI app sends (the supervisor's 503 to connections
+    left queued at shutdown, the front ends' 400 to bytes that are not HTTP)."""
+    body = json.dumps(error_body(message, code)).encode()
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
+    lines += [name + b": " + value for name, value in headers]
+    lines += [b"content-type: application/json", b"content-length: %d" % len(body),
+              b"connection: close"]  # fmt: skip
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body

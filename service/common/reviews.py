@@ -1,0 +1,820 @@
+"""The human review queue: abstained (or chosen) predictions stored durably for a person to label.
+
+Why: the abstain flag (VGMU below ``abstain_k``, paper §3.2) routes a decision to a human; this is
+where it goes. Every front-end process queues directly into one shared store, so the queue needs
+no extra hop through the engine:
+
+* metadata in :class:`service.common.db.Database` (table ``reviews``: SQLite by default, PostgreSQL when
+  several replicas share one queue), the full answer as JSON (model, version, prediction, top-k
+  probabilities, VGMU, SNR, TU/AU/EU, abstain_k) and the model's class names (to check labels even
+  after another model is promoted);
+* image bytes on disk, content-addressed by sha256 (``<review_dir>/blobs/ab/abcdef…``): the same
+  image queued twice is stored once, and while it is pending for the same model it is one item
+  (``already_queued`` returns the existing id, so reviewers never label the same image twice).
+
+States: ``pending`` → ``reviewed`` (a label from the model's classes) | ``skipped``; a skipped item
+can still be labelled later, and a reviewed one relabelled: every earlier label stays in the item's
+``history`` (label, reviewer, how the reviewer was identified, time), oldest first. Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
+one reviewer for a lease; until it expires no other reviewer is handed that item (PostgreSQL:
+``FOR UPDATE SKIP LOCKED``; SQLite: one writer at a time, so the ``UPDATE … RETURNING`` is atomic).
+Bounded: at most ``max_items`` pending items and ``max_bytes`` of their images (checked before
+each insert, so front ends racing at the limit may pass it by the few images in flight); a full
+queue refuses to queue (the answer says ``queue_full``) and writes nothing to disk, and never
+fails the prediction. Without the byte bound, anonymous clients could fill the disk within the
+item bound: a PNG padded with a 7 MiB text chunk is a valid image, stored as sent.
+
+Failures stay in the queue (predictions do not need it). A store that is missing, corrupt,
+unwritable or unreachable (PostgreSQL down) makes :class:`ReviewStore` *unavailable*, never its
+process: opening it never raises, predictions answer ``review_status: "unavailable"``, the review
+API answers 503 naming the file or URL (password masked) and what to do, the log says the same
+once per outage, and ``vge_review_store_up`` reads 0. It is retried lazily, on use and by each
+process's watcher (:func:`watch`), with a backoff from 0 to :data:`RETRY_MAX_S`, and serves again
+once fixed. The SQLite file's identity (device, inode) is compared on every use and after every
+write: a file deleted or replaced under the server is noticed, and what was written to the old
+file is not answered ``queued`` (an answer says ``queued`` only once its row is committed to the
+file at the queue's path, fsynced: ``synchronous=FULL``, with a rollback journal rather than a WAL
+that would outlive a deleted file, see :class:`service.common.db.Database`). A missing file is created only for a new
+queue (no stored images yet); beside stored images, a missing file means the database was deleted
+or its volume is not mounted, and the queue stays unavailable until the file is restored (or
+``touch``-ed, for an empty queue), instead of queueing into a fresh file that the lost one's
+images no longer match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from service.common.db import Database, DatabaseUnavailable, check_url, scrub, sqlite_path
+from service.common.errors import Conflict, InvalidValue, NotFound
+from service.common.settings import Settings
+
+log = logging.getLogger("vge.reviews")
+
+State = Literal["pending", "reviewed", "skipped"]
+Order = Literal["oldest", "vgmu"]
+STATES: tuple[str, ...] = ("pending", "reviewed", "skipped")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS reviews (
+    id TEXT PRIMARY KEY,
+    created_at DOUBLE PRECISION NOT NULL,
+    model TEXT NOT NULL,
+    model_version TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    content_type TEXT NOT NULL,
+    prediction TEXT NOT NULL,
+    vgmu DOUBLE PRECISION NOT NULL,
+    answer TEXT NOT NULL,
+    classes TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    label TEXT,
+    reviewer TEXT,
+    reviewed_at DOUBLE PRECISION,
+    claimed_by TEXT,
+    claim_expires DOUBLE PRECISION,
+    size BIGINT NOT NULL DEFAULT 0,
+    reviewer_via TEXT,
+    history TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX IF NOT EXISTS reviews_state_created ON reviews (state, created_at, id);
+CREATE INDEX IF NOT EXISTS reviews_state_vgmu ON reviews (state, vgmu, id);
+CREATE INDEX IF NOT EXISTS reviews_sha ON reviews (sha256);
+CREATE UNIQUE INDEX IF NOT EXISTS reviews_one_pending ON reviews (sha256, model)
+    WHERE state = 'pending'
+"""
+
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF8", "image/gif"),
+    (b"BM", "image/bmp"),
+)
+
+
+def sniff_content_type(data: bytes) -> str:
+    """The image type from its first bytes (clients' declared types are not trusted)."""
+    for magic, ctype in _MAGIC:
+        if data.startswith(magic):
+            return ctype
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What one image's answer says about its review: the item id (or None) and why."""
+
+    review_id: str | None
+    status: Literal["queued", "already_queued", "queue_full", "unavailable", "error"]
+    # (V2 answers may also say "unsupported_input": FP32 input is not stored; see
+    # queue_tensor_answers)
+
+
+#: The longest wait between two attempts to reopen an unavailable store (the first is at once).
+RETRY_MAX_S = 5.0
+#: How often each process's watcher checks its store (file identity; a retry when one is due).
+WATCH_INTERVAL_S = 2.0
+
+
+class ReviewStoreUnavailable(DatabaseUnavailable):
+    """The review queue's store cannot be used now (503 with Retry-After); the message names the
+    file or URL and what to do."""
+
+    code = "review_store_unavailable"
+
+
+def _faults() -> tuple[type[BaseException], ...]:
+    """What makes the store unavailable: its database's and its files' failures."""
+    faults: tuple[type[BaseException], ...] = (DatabaseUnavailable, sqlite3.Error, OSError)
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - without the postgres extra
+        return faults
+    return (*faults, psycopg.Error)
+
+
+class BlobStore:
+    """Image bytes on disk by sha256, written atomically (temp file + rename), stored once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, sha: str) -> Path:
+        return self.root / sha[:2] / sha
+
+    def put(self, data: bytes) -> str:
+        sha = hashlib.sha256(data).hexdigest()
+        path = self.path(sha)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{sha}.{uuid.uuid4().hex}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return sha
+
+    def get(self, sha: str) -> bytes:
+        return self.path(sha).read_bytes()
+
+    def delete(self, sha: str) -> None:
+        self.path(sha).unlink(missing_ok=True)
+
+
+#: Per order: the sort key, and the ORDER BY (the id breaks ties, so pages never overlap).
+_ORDER: dict[str, tuple[str, str]] = {
+    "oldest": ("created_at", "created_at, id"),
+    "vgmu": ("vgmu", "vgmu DESC, id"),  # VGMU: higher = less sure; the most uncertain first
+}
+
+
+def _encode_cursor(key: float, item_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([key, item_id]).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        key, item_id = json.loads(raw)
+        return float(key), str(item_id)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise InvalidValue(
+            f"cursor {cursor!r} is not valid: pass the next_cursor of a previous page"
+        ) from None
+
+
+class ReviewStore:
+    """The review queue over a :class:`Database` and a :class:`BlobStore` (thread-safe).
+
+    ``db`` is the database URL (the store opens, and when it fails reopens, its own connection)
+    or an open :class:`Database` (used for the first opening). Constructing never raises: a store
+    that cannot be opened is unavailable (:attr:`up` False, :attr:`problem` says why) and every
+    method raises :class:`ReviewStoreUnavailable` until a retry succeeds.
+    """
+
+    def __init__(
+        self,
+        db: Database | str,
+        blob_root: Path,
+        *,
+        max_items: int,
+        lease_s: float,
+        max_bytes: int = 2**62,
+    ) -> None:
+        self._given = db if isinstance(db, Database) else None
+        self.url = db.url if isinstance(db, Database) else check_url(db, "review database URL")
+        self.postgres = self.url.startswith(("postgresql://", "postgres://"))
+        self.path = None if self.postgres else sqlite_path(self.url)
+        self.blobs = BlobStore(blob_root)
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.lease_s = lease_s
+        self._db: Database | None = None
+        self._identity: tuple[int, int] | None = None  # the SQLite file's (st_dev, st_ino)
+        self._lock = threading.Lock()  # one (re)opening at a time; users never wait for it
+        self._failures = 0  # consecutive failed openings: the backoff's exponent
+        self._retry_at = 0.0  # time.monotonic() of the next opening attempt
+        self.problem: str | None = None  # why the store is unavailable (None: it is up)
+        self._faults = _faults()
+        with contextlib.suppress(ReviewStoreUnavailable):
+            self._connection()
+
+    # ------------------------------------------------------------------ availability
+    @property
+    def where(self) -> str:
+        """The store for messages: its SQLite file, or its URL with the password masked."""
+        from service.common.db import mask_url
+
+        return str(self.path) if self.path is not None else mask_url(self.url)
+
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``postgresql`` (the ``vge_review_store_up`` label)."""
+        return "postgresql" if self.postgres else "sqlite"
+
+    @property
+    def up(self) -> bool:
+        """Whether the last use (or attempt to open) succeeded."""
+        return self.problem is None
+
+    @property
+    def db(self) -> Database:
+        """The open database (opened, or reopened, if it has to be)."""
+        return self._connection()
+
+    def check(self) -> bool:
+        """Notice a deleted or replaced file, retry an unavailable store when a retry is due;
+        whether it is up. What each process's watcher calls every :data:`WATCH_INTERVAL_S`."""
+        with contextlib.suppress(ReviewStoreUnavailable):
+            self._connection()
+        return self.up
+
+    def _same_file(self) -> bool:
+        """Whether the SQLite file at the queue's path is still the one this store opened."""
+        if self.path is None:
+            return True
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._identity
+
+    def _unavailable(self) -> ReviewStoreUnavailable:
+        return ReviewStoreUnavailable(
+            f"the review queue is unavailable: {self.problem}",
+            headers={"Retry-After": str(max(1, round(RETRY_MAX_S)))},
+        )
+
+    def _connection(self) -> Database:
+        db = self._db
+        if db is not None and self._same_file():
+            return db
+        if not self._lock.acquire(blocking=False):  # another thread (re)opens: do not wait on it
+            raise ReviewStoreUnavailable(
+                f"the review queue is unavailable: {self.problem or self.where + ' is reopened'}"
+                "; retry shortly",
+                headers={"Retry-After": "1"},
+            )
+        try:
+            if self._db is not None:
+                if self._same_file():
+                    return self._db
+                self._lose(
+                    f"the SQLite file {self.where} was deleted or replaced while the server used "
+                    "it; what it held is only in a backup now",
+                    at_once=True,
+                )
+            if time.monotonic() < self._retry_at:
+                raise self._unavailable()
+            try:
+                self._db = self._open()
+            except self._faults as exc:
+                self._fail(exc)
+                raise self._unavailable() from None
+            if self.problem is not None:
+                log.warning("review queue: %s is available again; queueing resumes", self.where)
+            self.problem, self._failures, self._retry_at = None, 0, 0.0
+            return self._db
+        finally:
+            self._lock.release()
+
+    def _open(self) -> Database:
+        """Open the database, create or migrate its tables, check that images can be written."""
+        given, self._given = self._given, None
+        if self.path is None:
+            db = given or Database(self.url, synchronous="FULL", connect_timeout=3)
+        else:
+            db = given or self._open_sqlite(self.path)
+        try:
+            db.script(SCHEMA)
+            db.add_column("reviews", "size", "BIGINT NOT NULL DEFAULT 0")  # queues before 0.3
+            db.add_column("reviews", "reviewer_via", "TEXT")  # before reviewer identities
+            db.add_column("reviews", "history", "TEXT NOT NULL DEFAULT '[]'")  # before relabels
+            self._fill_sizes(db)
+            self.blobs.root.mkdir(parents=True, exist_ok=True)
+            probe = self.blobs.root / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            probe.write_bytes(b"")  # unwritable (read-only volume, full disk, ...) fails here
+            probe.unlink()
+            if self.path is not None:
+                st = os.stat(self.path)
+                self._identity = (st.st_dev, st.st_ino)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                db.close()
+            raise
+        return db
+
+    def _open_sqlite(self, path: Path) -> Database:
+        """Open the SQLite file; create it only for a new queue (see the module's docstring).
+
+        A rollback journal, not a WAL (:class:`Database`), and a missing file beside a journal or
+        WAL left from the deleted one is not created: that journal would be applied to it.
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            for suffix in ("-journal", "-wal", "-shm"):
+                if (stale := Path(f"{path}{suffix}")).exists():
+                    raise FileNotFoundError(
+                        f"{path} is missing but {stale} is left from the deleted file: remove "
+                        f"{stale.name}, then restore {path.name} from a backup or `touch {path}` "
+                        "to start an empty queue"
+                    )
+            if self._holds_images():
+                raise FileNotFoundError(
+                    f"{path} is missing but {self.blobs.root} holds queued images: the queue's "
+                    "database was deleted, or its volume is not mounted. Restore the file from a "
+                    f"backup (or mount the volume), or `touch {path}` to start an empty queue"
+                )
+        return Database(self.url, synchronous="FULL", journal="DELETE")
+
+    def _holds_images(self) -> bool:
+        try:
+            return any(p.is_file() for p in self.blobs.root.rglob("*"))
+        except OSError:
+            return False
+
+    def _lose(self, problem: str, *, at_once: bool = False) -> None:
+        """Drop the connection and go unavailable (log once per outage)."""
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(Exception):
+                db.close()
+        if self.problem is None:
+            log.error(
+                "review queue: %s. Predictions are still answered (review_status "
+                '"unavailable"); the store is retried by itself', problem,
+            )  # fmt: skip
+        elif problem != self.problem:
+            log.warning("review queue still unavailable: %s", problem)
+        self.problem = problem
+        if at_once:
+            self._failures, self._retry_at = 0, 0.0
+            return
+        delay = 0.0 if self._failures == 0 else min(RETRY_MAX_S, 0.5 * 2 ** (self._failures - 1))
+        self._failures += 1
+        self._retry_at = time.monotonic() + delay
+
+    def _fail(self, exc: BaseException) -> None:
+        self._lose(self._describe(exc))
+
+    def _describe(self, exc: BaseException) -> str:
+        """What failed and what to do, naming the file or URL (never its password)."""
+        detail = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else "", self.url)
+        what = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+        where = self.where
+        if self.postgres:
+            fix = (
+                f"check that the PostgreSQL server of {where} runs and accepts this replica "
+                "(VGE_DB_URL)"
+            )
+        elif isinstance(exc, FileNotFoundError) and str(self.path) in detail:
+            return detail
+        elif isinstance(exc, sqlite3.DatabaseError) and (
+            "not a database" in detail or "malformed" in detail
+        ):
+            fix = (
+                f"{where} is corrupt: move it aside and restore a backup, or move it aside and "
+                f"`touch {where}` to start an empty queue"
+            )
+        elif isinstance(exc, OSError) or "readonly" in detail or "unable to open" in detail:
+            fix = (
+                f"make {where} and {self.blobs.root} writable by the server (VGE_REVIEW_DIR: "
+                "free space, permissions, a mounted volume)"
+            )
+        else:
+            fix = f"check {where} (VGE_REVIEW_DIR / VGE_DB_URL)"
+        return f"{where} failed ({what}); {fix}; retry shortly"
+
+    @contextlib.contextmanager
+    def _use(self, *, writes: bool = False) -> Iterator[Database]:
+        """The database for one operation; its failure makes the store unavailable. With
+        ``writes``, the file is checked again afterwards: a write that went to a file deleted or
+        replaced meanwhile is reported unavailable, not done."""
+        db = self._connection()
+        try:
+            yield db
+        except self._faults as exc:
+            if self._db is db:
+                self._fail(exc)
+            raise self._unavailable() from None
+        if writes and not self._same_file():
+            if self._db is db:
+                self._lose(
+                    f"the SQLite file {self.where} was deleted or replaced while the server "
+                    "wrote to it; what it held is only in a backup now",
+                    at_once=True,
+                )
+            raise self._unavailable()
+
+    def _fill_sizes(self, db: Database) -> None:
+        """Pending items of a queue from before the byte bound have size 0: count them at their
+        images' sizes, so the bound sees what they hold (once; then no row has size 0)."""
+        rows = db.fetchall("SELECT id, sha256 FROM reviews WHERE state = 'pending' AND size = 0")
+        for r in rows:
+            try:
+                size = self.blobs.path(r["sha256"]).stat().st_size
+            except OSError:
+                continue
+            db.execute("UPDATE reviews SET size = ? WHERE id = ?", (size, r["id"]))
+
+    def close(self) -> None:
+        """Close the connection (the process ends)."""
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
+    # ------------------------------------------------------------------ queueing
+    def enqueue(
+        self,
+        *,
+        model: str,
+        model_version: str,
+        classes: Sequence[str],
+        images: Sequence[bytes],
+        answers: Sequence[dict[str, Any]],
+        now: float | None = None,
+    ) -> list[Enqueued]:
+        """Queue ``images`` with their ``answers`` (one each); never raises for a full queue."""
+        now = time.time() if now is None else now
+        classes_json = json.dumps(list(classes))
+        out = []
+        # One check of the file after all writes: an item is answered queued only if its row is
+        # in the file at the queue's path (ReviewStoreUnavailable otherwise: none is queued).
+        with self._use(writes=True) as db:
+            for i, (data, answer) in enumerate(zip(images, answers, strict=True)):
+                sha = hashlib.sha256(data).hexdigest()
+                # A microsecond apart: "oldest first" keeps a request's images in their order.
+                at = now + i * 1e-6
+                out.append(self._insert(db, model, model_version, classes_json, sha, data, answer,
+                                        at))  # fmt: skip
+        return out
+
+    def _insert(
+        self,
+        db: Database,
+        model: str,
+        version: str,
+        classes_json: str,
+        sha: str,
+        data: bytes,
+        answer: dict[str, Any],
+        now: float,
+    ) -> Enqueued:
+        existing = db.scalar(
+            "SELECT id FROM reviews WHERE sha256 = ? AND model = ? AND state = 'pending'",
+            (sha, model),
+        )
+        if existing is not None:
+            return Enqueued(existing, "already_queued")
+        row = db.fetchall(
+            "SELECT COUNT(*) AS n, COALESCE(SUM(size), 0) AS b FROM reviews WHERE state = 'pending'"
+        )[0]
+        if row["n"] >= self.max_items or row["b"] + len(data) > self.max_bytes:
+            return Enqueued(None, "queue_full")  # before the image is written: nothing on disk
+        self.blobs.put(data)
+        item_id = uuid.uuid4().hex
+        stored = {"model": model, "model_version": version, **answer}
+        changed = db.execute(
+            "INSERT INTO reviews (id, created_at, model, model_version, sha256, content_type, "
+            "prediction, vgmu, answer, classes, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT DO NOTHING",
+            (
+                item_id, now, model, version, sha, sniff_content_type(data),
+                str(answer["label"]), float(answer["vgmu"]), json.dumps(stored), classes_json,
+                len(data),
+            ),
+        )  # fmt: skip
+        if changed == 0:  # another process queued the same image for this model just now
+            existing = db.scalar(
+                "SELECT id FROM reviews WHERE sha256 = ? AND model = ? AND state = 'pending'",
+                (sha, model),
+            )
+            return Enqueued(existing, "already_queued")
+        return Enqueued(item_id, "queued")
+
+    def pending_count(self, model: str | None = None) -> int:
+        sql = "SELECT COUNT(*) AS n FROM reviews WHERE state = 'pending'"
+        with self._use() as db:
+            if model is None:
+                return int(db.scalar(sql))
+            return int(db.scalar(sql + " AND model = ?", (model,)))
+
+    def depth_by_model(self) -> dict[str, int]:
+        """Pending items per model (the ``vge_review_queue_depth`` gauge)."""
+        with self._use() as db:
+            rows = db.fetchall(
+                "SELECT model, COUNT(*) AS n FROM reviews WHERE state = 'pending' GROUP BY model"
+            )
+        return {r["model"]: int(r["n"]) for r in rows}
+
+    # ------------------------------------------------------------------ reading
+    def list(
+        self,
+        *,
+        state: str = "pending",
+        model: str | None = None,
+        order: Order = "oldest",
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of items in ``state``: oldest first, or ``order="vgmu"`` most uncertain first
+        (VGMU is an uncertainty: the highest first); keyset pagination by ``cursor`` (the sort key
+        and id of the page's last item: the next page continues after it in the same order)."""
+        key, sort = _ORDER[order]
+        where, params = ["state = ?"], [state]
+        if model:
+            where.append("model = ?")
+            params.append(model)
+        if cursor:
+            after_key, after_id = _decode_cursor(cursor)
+            past = ">" if order == "oldest" else "<"
+            where.append(f"({key} {past} ? OR ({key} = ? AND id > ?))")
+            params += [after_key, after_key, after_id]
+        with self._use() as db:
+            rows = db.fetchall(
+                f"SELECT * FROM reviews WHERE {' AND '.join(where)} ORDER BY {sort} LIMIT ?",
+                (*params, limit + 1),
+            )
+        more = len(rows) > limit
+        rows = rows[:limit]
+        nxt = _encode_cursor(rows[-1][key], rows[-1]["id"]) if more and rows else None
+        return [self._public(r) for r in rows], nxt
+
+    def get(self, item_id: str) -> dict[str, Any]:
+        return self._public(self._row(item_id))
+
+    def image(self, item_id: str) -> tuple[bytes, str]:
+        row = self._row(item_id)
+        try:
+            return self.blobs.get(row["sha256"]), row["content_type"]
+        except FileNotFoundError:
+            raise NotFound(f"the image of review {item_id} is no longer stored") from None
+        except OSError as exc:
+            self._fail(exc)
+            raise self._unavailable() from None
+
+    def _row(self, item_id: str) -> dict[str, Any]:
+        with self._use() as db:
+            row = db.fetchone("SELECT * FROM reviews WHERE id = ?", (item_id,))
+        if row is None:
+            raise NotFound(f"no review {item_id!r}")
+        return row
+
+    @staticmethod
+    def _public(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": row["id"],
+            "state": row["state"],
+            "created_at": row["created_at"],
+            "model": row["model"],
+            "model_version": row["model_version"],
+            "sha256": row["sha256"],
+            "content_type": row["content_type"],
+            "classes": json.loads(row["classes"]),
+            "answer": json.loads(row["answer"]),
+            "label": row["label"],
+            "reviewer": row["reviewer"],
+            "reviewed_at": row["reviewed_at"],
+            "reviewer_via": row.get("reviewer_via"),
+            "history": json.loads(row.get("history") or "[]"),
+            "claimed_by": row["claimed_by"],
+            "claim_expires": row["claim_expires"],
+        }
+
+    # ------------------------------------------------------------------ reviewing
+    def claim(
+        self,
+        reviewer: str,
+        *,
+        order: Order = "oldest",
+        model: str | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any] | None:
+        """Hand the next pending item that nobody else holds to ``reviewer`` for ``lease_s``:
+        the oldest, or with ``order="vgmu"`` the most uncertain (highest VGMU).
+
+        An item this reviewer already holds comes first (a reloaded page gets its item back).
+        Two reviewers — in one process or in two replicas on one PostgreSQL — never hold the same
+        item at once.
+        """
+        now = time.time() if now is None else now
+        sort = _ORDER[order][1]
+        filt = "state = 'pending' AND (claimed_by IS NULL OR claim_expires < ? OR claimed_by = ?)"
+        params: list[Any] = [now, reviewer]
+        if model:
+            filt += " AND model = ?"
+            params.append(model)
+        with self._use() as conn, conn.transaction() as db:
+            row = db.fetchone(
+                "UPDATE reviews SET claimed_by = ?, claim_expires = ? WHERE id = ("
+                f"SELECT id FROM reviews WHERE {filt} "
+                f"ORDER BY CASE WHEN claimed_by = ? THEN 0 ELSE 1 END, {sort} LIMIT 1"
+                f"{db.skip_locked}) "
+                "AND state = 'pending' RETURNING *",
+                (reviewer, now + self.lease_s, *params, reviewer),
+            )
+        return self._public(row) if row else None
+
+    def label(
+        self,
+        item_id: str,
+        label: str,
+        reviewer: str,
+        now: float | None = None,
+        *,
+        via: str | None = None,
+    ) -> dict[str, Any]:
+        """Record a human label (one of the item's model classes, else 422) → ``reviewed``.
+
+        A reviewed item is relabelled: its label, reviewer and time move to ``history`` (the
+        answer says ``relabelled: true``). ``via`` says how the reviewer was identified (a
+        personal key, or a name given with the shared key; :mod:`service.frontend.routes.reviews`).
+        """
+        return self._close(item_id, "reviewed", reviewer, label, now, via)
+
+    def skip(
+        self, item_id: str, reviewer: str, now: float | None = None, *, via: str | None = None
+    ) -> dict[str, Any]:
+        """Take a pending item out of the queue without a label → ``skipped``."""
+        return self._close(item_id, "skipped", reviewer, None, now, via)
+
+    def _close(
+        self,
+        item_id: str,
+        state: str,
+        reviewer: str,
+        label: str | None,
+        now: float | None,
+        via: str | None,
+    ) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        with self._use(writes=True) as conn, conn.transaction() as db:
+            row = db.fetchone(f"SELECT * FROM reviews WHERE id = ?{db.for_update}", (item_id,))
+            if row is None:
+                raise NotFound(f"no review {item_id!r}")
+            if label is not None and label not in json.loads(row["classes"]):
+                raise InvalidValue(
+                    f"label {label!r} is not a class of model {row['model']!r}: use one of "
+                    f"{', '.join(json.loads(row['classes']))}"
+                )
+            if state == "skipped" and row["state"] != "pending":
+                raise Conflict(f"review {item_id} is already {row['state']}")
+            holder = row["claimed_by"]
+            if holder and holder != reviewer and (row["claim_expires"] or 0) > now:
+                raise Conflict(
+                    f"review {item_id} is claimed by {holder!r} until their lease ends; "
+                    "claim another item"
+                )
+            history = json.loads(row.get("history") or "[]")
+            relabel = row["state"] == "reviewed"
+            if row["state"] != "pending":  # what it said before (a skip, or an earlier label)
+                history.append({
+                    "state": row["state"], "label": row["label"], "reviewer": row["reviewer"],
+                    "reviewer_via": row.get("reviewer_via"), "at": row["reviewed_at"],
+                })  # fmt: skip
+            db.execute(
+                "UPDATE reviews SET state = ?, label = ?, reviewer = ?, reviewer_via = ?, "
+                "reviewed_at = ?, history = ?, claimed_by = NULL, claim_expires = NULL "
+                "WHERE id = ?",
+                (state, label, reviewer, via, now, json.dumps(history), item_id),
+            )
+            row.update(state=state, label=label, reviewer=reviewer, reviewed_at=now)
+            row.update(reviewer_via=via, history=json.dumps(history))
+            row.update(claimed_by=None, claim_expires=None)
+        return {**self._public(row), "relabelled": relabel}
+
+    # ------------------------------------------------------------------ statistics, export
+    def stats(self, model: str | None = None) -> dict[str, Any]:
+        """Counts by state, agreement of human labels with the model (overall and per predicted
+        class), and the median time from queueing to a label."""
+        where, params = ("WHERE model = ?", (model,)) if model else ("", ())
+        counts = {s: 0 for s in STATES}
+        and_model = "AND model = ?" if model else ""
+        with self._use() as db:
+            for r in db.fetchall(
+                f"SELECT state, COUNT(*) AS n FROM reviews {where} GROUP BY state", params
+            ):
+                counts[r["state"]] = int(r["n"])
+            rows = db.fetchall(
+                "SELECT prediction, label, reviewed_at - created_at AS wait FROM reviews "
+                f"WHERE state = 'reviewed' {and_model}",
+                params,
+            )
+        per_class: dict[str, list[int]] = {}
+        for r in rows:
+            agree, n = per_class.setdefault(r["prediction"], [0, 0])
+            per_class[r["prediction"]] = [agree + (r["label"] == r["prediction"]), n + 1]
+        agreed = sum(a for a, _ in per_class.values())
+        return {
+            "counts": counts,
+            "agreement": agreed / len(rows) if rows else None,
+            "agreement_by_class": {
+                c: {"agreement": a / n, "reviewed": n} for c, (a, n) in sorted(per_class.items())
+            },
+            "median_time_to_review_s": statistics.median(r["wait"] for r in rows) if rows else None,
+        }
+
+    def reviewed(self, model: str | None = None) -> Iterator[tuple[str, str, bytes, str]]:
+        """``(label, sha256, image bytes, content type)`` of every reviewed item whose image is
+        still stored, oldest first; one image once per label."""
+        and_model = "AND model = ?" if model else ""
+        with self._use() as db:
+            rows = db.fetchall(
+                "SELECT label, sha256, content_type, MIN(created_at) AS first_at FROM reviews "
+                f"WHERE state = 'reviewed' {and_model} GROUP BY label, sha256, content_type "
+                "ORDER BY first_at",
+                (model,) if model else (),
+            )
+        for r in rows:
+            try:
+                data = self.blobs.get(r["sha256"])
+            except FileNotFoundError:
+                continue
+            yield r["label"], r["sha256"], data, r["content_type"]
+
+    # ------------------------------------------------------------------ retention
+    def sweep(self, retention_days: float, now: float | None = None) -> int:
+        """Delete reviewed and skipped items closed more than ``retention_days`` ago, and the
+        images no remaining item refers to. Pending items are never deleted. Returns rows deleted."""
+        now = time.time() if now is None else now
+        cutoff = now - retention_days * 86400.0
+        with self._use(writes=True) as db:
+            old = db.fetchall(
+                "SELECT DISTINCT sha256 FROM reviews WHERE state <> 'pending' AND reviewed_at < ?",
+                (cutoff,),
+            )
+            deleted = db.execute(
+                "DELETE FROM reviews WHERE state <> 'pending' AND reviewed_at < ?", (cutoff,)
+            )
+            for r in old:
+                still = db.scalar(
+                    "SELECT COUNT(*) AS n FROM reviews WHERE sha256 = ?", (r["sha256"],)
+                )
+                if not still:
+                    self.blobs.delete(r["sha256"])
+        return deleted
+
+
+async def watch(store: ReviewStore, gauge: Any) -> None:
+    """Each process's watcher: every :data:`WATCH_INTERVAL_S`, notice a deleted or replaced file,
+    retry an unavailable store when due, and set ``gauge`` (``vge_review_store_up``, labelled with
+    the store's backend) to 1 or 0.
+
+    Without it a process that saw the store fail would say so until its next review request, and
+    one holding a deleted SQLite file would keep it (and its WAL) open; the check is a ``stat``
+    while the store is up.
+    """
+    child = gauge.labels(backend=store.backend)
+    while True:
+        child.set(1 if await asyncio.to_thread(store.check) else 0)
+        await asyncio.sleep(WATCH_INTERVAL_S)
+
+
+def open_review_store(settings: Settings) -> ReviewStore:
+    """The review queue this process writes to (front ends and the engine each open their own).
+
+    Never raises: a store that is missing, corrupt, unwritable or unreachable is returned
+    unavailable (logged, naming the file or URL and what to do) and retried by itself, so the
+    queue, an add-on, cannot stop predictions or a process's start-up (service.common.reviews).
+    """
+    return ReviewStore(
+        settings.reviews_database_url,
+        settings.review_dir / "blobs",
+        max_items=settings.review_max_items,
+        max_bytes=settings.review_max_bytes,
+        lease_s=settings.review_lease_s,
+    )

@@ -1,0 +1,102 @@
+"""Uncertainty of served traffic, in the engine: histograms, predicted-class mix, and drift.
+
+The engine sees every answer of every front end, so it is where a sliding window of recent
+traffic lives. Per answered image it observes ``vge_prediction_vgmu``/``_eu``/``_tu`` and counts
+``vge_prediction_class_total``; at most once per second it compares the window (the last
+``window`` images) with the model card's validation-split reference using
+:func:`models.evaluation.drift.psi` and exports ``vge_uncertainty_drift{score}``, next to
+``vge_abstain_ratio_window`` and the card's ``vge_calibrated_deferral``. A card without a
+reference (older models) exports no drift gauge.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from models.evaluation.drift import DRIFT_SCORES, bin_fractions, psi
+from models.serving import ScoreColumns
+from service.common.metrics import Metrics, inc_many, observe_many
+
+#: Images in the sliding window; with fewer, drift is not exported yet (too noisy to alert on).
+WINDOW = 2000
+MIN_SAMPLES = 200
+UPDATE_EVERY_S = 1.0
+
+
+class UncertaintyMonitor:
+    """Per served model: observe answers, keep the window, export drift."""
+
+    def __init__(self, model: str, card: Any, metrics: Metrics, window: int = WINDOW) -> None:
+        self.model = model
+        self.metrics = metrics
+        self.class_names = [str(c) for c in card.class_names]
+        ref = getattr(card, "uncertainty_reference", None) or {}
+        self.reference = {k: np.asarray(v) for k, v in (ref.get("fractions") or {}).items()}
+        deferral = ref.get("deferral")
+        if deferral is None:
+            deferral = (getattr(card, "abstain_calibration", None) or {}).get("achieved_deferral")
+        if deferral is not None:
+            metrics.calibrated_deferral.labels(model=model).set(float(deferral))
+        self._deferral_exported = deferral is not None
+        self.retired = False  # the model is no longer served (see retire)
+        self._values = np.zeros((window, 3))  # columns: vgmu, eu, abstain
+        self._n = 0
+        self._next = 0
+        self._last = 0.0
+        # Labelled children looked up once (the engine observes every scored batch).
+        self._classes = [metrics.prediction_class.labels(model=model, label=n)
+                         for n in self.class_names]  # fmt: skip
+        self._hists = [h.labels(model=model) for h in
+                       (metrics.prediction_vgmu, metrics.prediction_eu, metrics.prediction_tu)]  # fmt: skip
+        # 0 until the window holds MIN_SAMPLES images: exported from the start, never alerting.
+        metrics.abstain_ratio_window.labels(model=model).set(0.0)
+        for score in self.reference:
+            metrics.uncertainty_drift.labels(model=model, score=score).set(0.0)
+
+    def observe(self, columns: ScoreColumns) -> None:
+        """Record a batch's answers; refresh the window gauges at most once per second."""
+        vgmu, eu, tu = columns.column("vgmu"), columns.column("eu"), columns.column("tu")
+        for hist, values in zip(self._hists, (vgmu, eu, tu), strict=True):
+            observe_many(hist, values)  # one increment per bucket, not per image
+        inc_many(self._classes, columns.column("prediction"))
+        rows = np.stack((vgmu, eu, columns.column("abstain")), axis=1)[-len(self._values) :]
+        w = len(self._values)
+        self._values[(self._next + np.arange(len(rows))) % w] = rows  # ring buffer, vectorised
+        self._next = (self._next + len(rows)) % w
+        self._n = min(self._n + len(rows), w)
+        now = time.monotonic()
+        if not self.retired and now - self._last >= UPDATE_EVERY_S and self._n >= MIN_SAMPLES:
+            self._last = now
+            self.refresh()
+
+    def retire(self, successor: UncertaintyMonitor | None = None) -> None:
+        """The model was swapped out: stop refreshing its window gauges (batches still computing
+        for it count in the histograms and class counters, but do not refresh them).
+
+        Its window gauges read NaN from now on, except those that ``successor`` — the monitor of
+        the model now served under the same name — exports itself: multiprocess gauges cannot be
+        removed, and a gauge left at its last value would hold an alert on it
+        (``VgeUncertaintyDrift``, ``VgeAbstainRateHigh``) firing for a model that no longer
+        serves, or compare the new model's abstentions with the old card's calibration. NaN
+        compares false, so those alerts resolve, and dashboards show a gap.
+        """
+        self.retired = True
+        nan = float("nan")
+        if successor is None:
+            self.metrics.abstain_ratio_window.labels(model=self.model).set(nan)
+        kept = set() if successor is None else set(successor.reference)
+        for score in set(self.reference) - kept:
+            self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(nan)
+        if self._deferral_exported and (successor is None or not successor._deferral_exported):
+            self.metrics.calibrated_deferral.labels(model=self.model).set(nan)
+
+    def refresh(self) -> None:
+        window = self._values[: self._n]
+        self.metrics.abstain_ratio_window.labels(model=self.model).set(float(window[:, 2].mean()))
+        for i, score in enumerate(DRIFT_SCORES):
+            if score in self.reference:
+                value = psi(self.reference[score], bin_fractions(window[:, i]))
+                self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(value)

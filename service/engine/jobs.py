@@ -1,0 +1,604 @@
+"""Training jobs: run ``models.training.train`` in a separate (spawned) process; persist in SQLite.
+
+* :class:`JobStore` — job records and progress events in the service database (SQLite, or the
+  shared PostgreSQL of ``VGE_DB_URL``; :mod:`service.common.db`), so a restart
+  loses no history. Jobs that were queued or running when the server died are marked
+  ``interrupted`` at the next start.
+* :class:`JobManager` — resolves and validates submissions, queues jobs (at most
+  ``max_queued_jobs`` waiting), runs up to ``max_concurrent_jobs`` at once, each in its own
+  process (``multiprocessing`` spawn context, lowered CPU priority) so serving latency is not
+  hurt; relays progress events; cancels cooperatively (``should_stop``), then by terminating the
+  process after a grace period. A finished job's model lands in ``models_root/<job id>`` and can
+  be promoted.
+
+A submission that names no architecture retrains the served model: its card's recipe, its name
+with version ``<served version>-<job id>`` (so ``/v2/models/{name}`` URLs keep working after a
+promote) and, when they fit, its weights (fine-tuning; ``"init": "scratch"`` opts out). A
+submission is validated whole before anything is written; ``reviews[+mnist-bundled]`` exports the
+labelled review images into the job's own folder (``jobs_dir/<job id>/reviews``), deleted when
+the job ends however it ends.
+
+States: ``queued`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled`` | ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from models.data import MIXED_SUFFIX, parse_imagefolder
+from service.common.db import Database
+from service.common.errors import Conflict, InvalidValue, NotFound
+from service.common.metrics import JOB_STATES, Metrics
+from service.common.settings import Settings
+
+if TYPE_CHECKING:
+    from models.training import TrainConfig
+
+log = logging.getLogger("vge.jobs")
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
+#: A fine-tune (``init_from`` set) without its own ``lr`` runs at the recipe's lr times this.
+FINE_TUNE_LR_FACTOR = 0.1
+
+#: A submission's ``init``: start from the served model's weights, or from fresh ones.
+INIT_CHOICES = ("served", "scratch")
+#: A version derived for a retrained model ends with its job's id; a retrain of a retrained model
+#: replaces that ending instead of adding another (``2.0.0-job-<a>`` -> ``2.0.0-job-<b>``).
+_RETRAIN_SUFFIX = re.compile(r"-job-[0-9a-f]{12}$")
+_SERVER_SET = {
+    "data_root": "data_root is set by the server (VGE_DATA_ROOT); leave it out and give "
+    "ImageFolder paths relative to it, e.g. dataset: imagefolder:my-images",
+    "init_from": "init_from is set by the server; give init: served to start from the served "
+    "model's weights, or init: scratch",
+}
+CANCEL_GRACE_S = 10.0
+MAX_STORED_EVENTS = 5000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    config TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    started_at DOUBLE PRECISION,
+    finished_at DOUBLE PRECISION,
+    model_dir TEXT,
+    error TEXT,
+    progress TEXT,
+    metrics TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS job_events (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    ts DOUBLE PRECISION NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+"""
+
+
+class JobStore:
+    """Job records and their progress events in a :class:`service.common.db.Database` (thread-safe)."""
+
+    def __init__(self, db: Database, owner: str) -> None:
+        self.db = db
+        self.owner = owner  # the replica that runs this store's jobs (VGE_REPLICA_NAME)
+        db.script(_SCHEMA)
+        db.add_column("jobs", "owner", "TEXT")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def create(self, job_id: str, config: dict[str, Any]) -> None:
+        self.db.execute(
+            "INSERT INTO jobs (id, state, config, created_at, owner) VALUES (?, 'queued', ?, ?, ?)",
+            (job_id, json.dumps(config), time.time(), self.owner),
+        )
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        for key in ("progress", "metrics"):
+            if key in fields and not isinstance(fields[key], str | None):
+                fields[key] = json.dumps(fields[key])
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+
+    def add_event(self, job_id: str, event: dict[str, Any]) -> None:
+        with self.db.transaction() as db:
+            n = int(db.scalar("SELECT COUNT(*) AS n FROM job_events WHERE job_id = ?", (job_id,)))
+            if n < MAX_STORED_EVENTS or event.get("type") != "step":
+                db.execute(
+                    "INSERT INTO job_events (job_id, seq, ts, event) VALUES (?, ?, ?, ?)",
+                    (job_id, n, time.time(), json.dumps(event)),
+                )
+            db.execute("UPDATE jobs SET progress = ? WHERE id = ?", (json.dumps(event), job_id))
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        row = self.db.fetchone("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return _row(row) if row else None
+
+    def list(self, limit: int = 100) -> list[dict[str, Any]]:
+        rows = self.db.fetchall("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
+        return [_row(r) for r in rows]
+
+    def events(self, job_id: str, limit: int = 200) -> list[dict[str, Any]]:
+        rows = self.db.fetchall(
+            "SELECT ts, event FROM job_events WHERE job_id = ? ORDER BY seq DESC LIMIT ?",
+            (job_id, limit),
+        )
+        return [{"ts": r["ts"], **json.loads(r["event"])} for r in reversed(rows)]
+
+    def in_state(self, *states: str) -> list[dict[str, Any]]:
+        """This replica's jobs in ``states`` (jobs of older versions, without owner, count too)."""
+        marks = ",".join("?" * len(states))
+        rows = self.db.fetchall(
+            f"SELECT * FROM jobs WHERE state IN ({marks}) AND (owner = ? OR owner IS NULL) "
+            "ORDER BY created_at",
+            (*states, self.owner),
+        )
+        return [_row(r) for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        rows = self.db.fetchall("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
+        return {r["state"]: int(r["n"]) for r in rows}
+
+
+def _row(row: dict[str, Any]) -> dict[str, Any]:
+    d = dict(row)
+    for key in ("config", "progress", "metrics"):
+        d[key] = json.loads(d[key]) if d[key] else None
+    d["cancel_requested"] = bool(d["cancel_requested"])
+    return d
+
+
+def _child_main(
+    job_id: str,
+    config_json: str,
+    out_dir: str,
+    log_path: str,
+    events: Any,
+    stop: Any,
+    parent_pid: int,
+) -> None:
+    """Entry point of the spawned training process (exits if the server process dies)."""
+    import contextlib
+    import os
+    import sys
+
+    with contextlib.suppress(OSError):
+        os.nice(10)  # training yields the CPU to serving
+
+    def _watch_parent() -> None:  # never outlive the server (e.g. after SIGKILL)
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(3)
+
+    threading.Thread(target=_watch_parent, daemon=True).start()
+    log_file = open(log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    sys.stdout = sys.stderr = log_file
+    logging.basicConfig(level=logging.INFO, stream=log_file,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    try:
+        from models.training import TrainConfig, train
+
+        config = TrainConfig.model_validate_json(config_json)
+        print(f"job {job_id}: training {config_json}", flush=True)
+
+        def on_event(event: dict[str, Any]) -> None:
+            events.put(json.loads(json.dumps(event, default=str)))
+            print(json.dumps(event, default=str), flush=True)
+
+        path = train(config, Path(out_dir), on_event=on_event, should_stop=stop.is_set)
+        events.put({"type": "_result", "model_dir": str(path), "stopped": stop.is_set()})
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit non-zero
+        traceback.print_exc(file=log_file)
+        events.put({"type": "_error", "error": f"{type(exc).__name__}: {exc}"})
+        log_file.flush()
+        raise SystemExit(1) from None
+    finally:
+        log_file.flush()
+
+
+@dataclass
+class _Running:
+    process: Any
+    stop: Any
+    events: Any
+    thread: threading.Thread
+
+
+class JobManager:
+    """Queues, runs, cancels and records training jobs."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.store = JobStore(
+            Database(settings.jobs_database_url), settings.resolved_replica_name()
+        )
+        self._ctx = mp.get_context("spawn")
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+        self._submit_lock = threading.Lock()  # one submission at a time: capacity, then export
+        self.on_finished: list[Any] = []
+        self.reviews: Any = None  # service.common.reviews.ReviewStore when the review queue is on
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Mark jobs left queued/running by a previous process as interrupted."""
+        for job in self.store.in_state("queued", "running"):
+            self.store.update(
+                job["id"], state="interrupted", finished_at=time.time(),
+                error="the server stopped while this job was queued or running",
+            )  # fmt: skip
+            self._remove_export(job["id"])
+            log.warning("job %s marked interrupted (server restarted)", job["id"])
+        self.settings.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.settings.models_root.mkdir(parents=True, exist_ok=True)
+        self._refresh_gauge()
+
+    def shutdown(self, timeout_s: float = CANCEL_GRACE_S) -> None:
+        """Stop running jobs (cooperatively, then by force) and mark them interrupted."""
+        with self._lock:
+            self._closed = True
+            running = dict(self._running)
+        for r in running.values():
+            r.stop.set()
+        deadline = time.monotonic() + timeout_s
+        for r in running.values():
+            r.process.join(max(0.0, deadline - time.monotonic()))
+            if r.process.is_alive():
+                r.process.terminate()
+                r.process.join(5)
+        for r in running.values():
+            r.thread.join(5)
+        for job in self.store.in_state("queued", "running"):
+            self.store.update(job["id"], state="interrupted", finished_at=time.time(),
+                              error="the server shut down while this job was queued or running")  # fmt: skip
+            self._remove_export(job["id"])
+        self._refresh_gauge()
+        self.store.close()
+
+    # ------------------------------------------------------------------ API
+    def submit(self, config: dict[str, Any], served: Path | None = None) -> dict[str, Any]:
+        """Resolve and validate a submission, record it queued, start it when a slot is free.
+
+        ``served`` is the directory of the model the server serves now. A submission that names
+        no architecture field trains that model's own configuration (:meth:`_resolve`) under its
+        name with a new version. Everything that can be checked is checked before anything is
+        written: the config, the device, the architecture and its bounds, whether the starting
+        weights fit, and the queue's capacity; only then are reviewed images exported, into the
+        job's own folder (removed when the job ends).
+        """
+        with self._submit_lock:
+            job_id = f"job-{uuid.uuid4().hex[:12]}"
+            cfg, reviews = self._resolve(job_id, dict(config), served)
+            self._check_capacity()
+            if reviews:
+                self._export_reviews(self._export_dir(job_id))
+            try:
+                self.store.create(job_id, cfg.model_dump(mode="json"))
+            except BaseException:
+                self._remove_export(job_id)
+                raise
+        log.info("job %s queued: %s %s", job_id, cfg.model_name(), cfg.version)
+        self._refresh_gauge()
+        self._launch_queued()
+        return self.get(job_id)
+
+    def _resolve(
+        self, job_id: str, config: dict[str, Any], served: Path | None
+    ) -> tuple[TrainConfig, bool]:
+        """The validated :class:`TrainConfig` of a submission, and whether it trains on reviews.
+
+        * No architecture field (``backbone``, ``ensemble``, ``members``, ``vgn``, ...): the
+          served model's configuration from its card (:func:`models.training.served_config`:
+          architecture, loss, schedule, augmentation, stopping, calibration target), named as
+          the served model with version ``<served version>-<job id>``; the submission's fields
+          override it. Architecture fields given change only those fields of the served
+          configuration. Without a served model: the library defaults, as ``vge train``.
+        * ``init``: ``"served"`` starts from the served weights (fine-tuning), ``"scratch"`` from
+          fresh ones. Default: ``"served"`` when the weights fit (same architecture, a dataset
+          prepared like the served model's: e.g. ``reviews+mnist-bundled`` for a model trained
+          on ``mnist-bundled``), else ``"scratch"``.
+        """
+        from pydantic import ValidationError
+
+        from models.checkpoint import CheckpointError, read_card
+        from models.training import TrainConfig, config_error_message, served_config
+        from models.training.warmstart import check_init
+
+        init = config.pop("init", None)
+        if init not in (None, *INIT_CHOICES):
+            raise InvalidValue(f"init must be one of {', '.join(map(repr, INIT_CHOICES))}")
+        for key in ("data_root", "init_from"):
+            if config.get(key) is not None:
+                raise InvalidValue(_SERVER_SET[key])
+        card = None
+        if served is not None:
+            try:
+                card = read_card(served)
+            except CheckpointError as exc:  # the served model's card vanished from disk
+                log.warning("jobs: cannot read the served model's card: %s", exc)
+        if init == "served" and card is None:
+            raise InvalidValue("init 'served': no served model card to start from")
+        user = dict(config)
+        if card is not None:
+            base = served_config(card)
+            if "vgn" in user and user["vgn"] != card.vgn:
+                base.pop("loss", None)  # the served loss suits its own gate, re-resolved
+                base.pop("k", None)
+            base.update(
+                name=card.name,
+                version=f"{_RETRAIN_SUFFIX.sub('', card.version)}-{job_id}",
+                description=f"{card.name} {card.version} retrained by training job {job_id}",
+            )
+            config = {**base, **user}
+        reviews = config.get("dataset") in ("reviews", "reviews+mnist-bundled")
+        config = self._place_data(config, job_id)
+        try:
+            cfg = TrainConfig.model_validate(config)
+        except ValidationError as exc:
+            raise InvalidValue(config_error_message(exc)) from None
+        _check_device(cfg.device)
+        if card is not None and init != "scratch":
+            with_init = cfg.model_copy(update={"init_from": str(served)})
+            if init == "served":
+                cfg = with_init  # check_architecture says why when they do not fit
+            else:
+                try:
+                    check_init(with_init, card)
+                    cfg = with_init
+                except ValueError:
+                    pass  # another architecture or data: trained from scratch
+        if cfg.init_from is not None and "lr" not in user:
+            # Fine-tuning at the recipe's peak lr undoes what the served weights learnt (the
+            # shipped cnn4, 2 epochs on the bundled digits: 0.986 test accuracy at its lr 0.003,
+            # 0.9925 at 0.0003; it serves 0.990): a tenth of it, unless the job says otherwise.
+            cfg = cfg.model_copy(update={"lr": cfg.lr * FINE_TUNE_LR_FACTOR})
+        try:
+            cfg.check_architecture()
+        except ValueError as exc:
+            raise InvalidValue(f"invalid training config: {exc}") from None
+        return cfg, reviews
+
+    def _check_capacity(self) -> None:
+        """Refuse a job that would wait beyond ``max_queued_jobs`` (409 naming the limit)."""
+        with self._lock:
+            queued = len(self.store.in_state("queued"))
+            free = max(0, self.settings.max_concurrent_jobs - len(self._running))
+        limit = self.settings.max_queued_jobs
+        if queued + 1 > free + limit:
+            raise Conflict(
+                f"the training queue is full: {queued} job(s) waiting, at most {limit} may wait "
+                f"(VGE_MAX_QUEUED_JOBS={limit}) behind {self.settings.max_concurrent_jobs} "
+                "running (VGE_MAX_CONCURRENT_JOBS); retry when one finishes, or cancel one"
+            )
+
+    def _place_data(self, config: dict[str, Any], job_id: str) -> dict[str, Any]:
+        """Datasets live under ``data_root``: set it, and confine ImageFolder paths to it.
+        ``reviews[+mnist-bundled]`` names the job's own export folder (written after validation,
+        by :meth:`_export_reviews`)."""
+        root = self.settings.data_root.resolve()
+        config["data_root"] = str(root)
+        dataset = config.get("dataset")
+        if dataset in ("reviews", "reviews+mnist-bundled"):
+            if self.reviews is None:
+                raise InvalidValue(
+                    f"dataset {dataset!r} needs the review queue: start the server with "
+                    "VGE_REVIEW_QUEUE=on"
+                )
+            exported = self._export_dir(job_id)
+            config["dataset"] = f"imagefolder:{exported}{dataset.removeprefix('reviews')}"
+        elif isinstance(dataset, str) and (folder := parse_imagefolder(dataset)) is not None:
+            rel, mixed = folder
+            path = (root / rel).resolve()
+            if path != root and root not in path.parents:
+                raise InvalidValue(
+                    f"dataset path {rel!r} is outside the data root {str(root)!r} "
+                    "(VGE_DATA_ROOT); put the ImageFolder under it"
+                )
+            if not path.is_dir():
+                raise InvalidValue(f"dataset path {rel!r} is not a directory under {str(root)!r}")
+            config["dataset"] = f"imagefolder:{path}{MIXED_SUFFIX if mixed else ''}"
+        return config
+
+    def _export_dir(self, job_id: str) -> Path:
+        """Where a job's reviewed images are exported: its own folder, removed when it ends."""
+        return (self.settings.jobs_dir / job_id / "reviews").resolve()
+
+    def _remove_export(self, job_id: str) -> None:
+        """Delete a job's exported review images (a job that has ended no longer needs them)."""
+        folder = self._export_dir(job_id)
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            log.info("job %s: removed its exported review images", job_id)
+
+    def _export_reviews(self, folder: Path) -> None:
+        """Write the human-labelled review items as an ImageFolder into ``folder`` (the job's
+        own, so a job trains on the labels as they were when it was submitted). Nothing is left
+        behind when it fails or finds nothing to export."""
+        from service.common.decode import to_png
+
+        n = 0
+        try:
+            for label, sha, data, ctype in self.reviews.reviewed():
+                target = folder / label / f"{sha}.png"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data if ctype == "image/png" else to_png(data))
+                n += 1
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if n == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise InvalidValue(
+                "dataset 'reviews' has nothing to train on: no review item is labelled yet"
+            )
+        log.info("exported %d reviewed images to %s", n, folder)
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        job = self.store.get(job_id)
+        if job is None:
+            raise NotFound(f"unknown training job {job_id!r}")
+        job["events"] = self.store.events(job_id)
+        return job
+
+    def list(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self.store.list(limit)
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued or running job (running: cooperative stop, forced after a grace)."""
+        with self._lock:
+            job = self.store.get(job_id)
+            if job is None:
+                raise NotFound(f"unknown training job {job_id!r}")
+            if job["state"] in TERMINAL:
+                raise Conflict(f"job {job_id} is already {job['state']}; nothing to cancel")
+            self.store.update(job_id, cancel_requested=1)
+            if job["state"] == "queued":
+                self.store.update(job_id, state="cancelled", finished_at=time.time())
+                self._remove_export(job_id)
+            elif job_id in self._running:
+                r = self._running[job_id]
+                r.stop.set()
+                threading.Thread(target=self._force_stop, args=(r,), daemon=True).start()
+        self._refresh_gauge()
+        return self.get(job_id)
+
+    def logs(self, job_id: str, tail: int = 200) -> str:
+        if self.store.get(job_id) is None:
+            raise NotFound(f"unknown training job {job_id!r}")
+        path = self.settings.jobs_dir / job_id / "train.log"
+        if not path.exists():
+            return ""
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(lines[-tail:]) + ("\n" if lines else "")
+
+    # ------------------------------------------------------------------ internals
+    def _refresh_gauge(self) -> None:
+        counts = self.store.counts()
+        for state in JOB_STATES:
+            self.metrics.training_jobs.labels(state=state).set(counts.get(state, 0))
+
+    @staticmethod
+    def _force_stop(r: _Running) -> None:
+        r.process.join(CANCEL_GRACE_S)
+        if r.process.is_alive():
+            r.process.terminate()
+
+    def _launch_queued(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for job in self.store.in_state("queued"):
+                if len(self._running) >= self.settings.max_concurrent_jobs:
+                    break
+                self._launch(job)
+
+    def _launch(self, job: dict[str, Any]) -> None:
+        job_id = job["id"]
+        job_dir = self.settings.jobs_dir / job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = self.settings.models_root / job_id
+        events = self._ctx.Queue()
+        stop = self._ctx.Event()
+        process = self._ctx.Process(
+            target=_child_main,
+            args=(job_id, json.dumps(job["config"]), str(out_dir), str(job_dir / "train.log"),
+                  events, stop, os.getpid()),
+            name=f"vge-train-{job_id}",
+            daemon=True,
+        )  # fmt: skip
+        process.start()
+        self.store.update(job_id, state="running", started_at=time.time())
+        thread = threading.Thread(target=self._monitor, args=(job_id,), daemon=True,
+                                  name=f"vge-monitor-{job_id}")  # fmt: skip
+        self._running[job_id] = _Running(process, stop, events, thread)
+        thread.start()
+        log.info("job %s started (pid %s)", job_id, process.pid)
+        self._refresh_gauge()
+
+    def _monitor(self, job_id: str) -> None:
+        """Relay a job's events to the store until its process exits; then record the outcome."""
+        r = self._running[job_id]
+        result: dict[str, Any] | None = None
+        error: str | None = None
+        last_metrics: dict[str, Any] = {}
+        while True:
+            try:
+                event = r.events.get(timeout=0.25)
+            except queue.Empty:
+                if not r.process.is_alive():
+                    try:  # drain what the child sent just before exiting
+                        event = r.events.get(timeout=0.5)
+                    except queue.Empty:
+                        break
+                else:
+                    continue
+            except (EOFError, OSError):
+                break
+            kind = event.get("type")
+            if kind == "_result":
+                result = event
+            elif kind == "_error":
+                error = event.get("error")
+            else:
+                self.store.add_event(job_id, event)
+                for key in ("train_loss", "val_loss", "val_accuracy", "epoch"):
+                    if event.get(key) is not None and kind in ("epoch", "done"):
+                        last_metrics[key] = event[key]
+        r.process.join(5)
+        job = self.store.get(job_id) or {}
+        now = time.time()
+        stopped = result is not None and result.get("stopped")  # by cancel or shutdown
+        if job.get("cancel_requested") or (stopped and self._closed):
+            # A job stopped early leaves no model: what it saved before it stopped would
+            # otherwise be promotable by its directory's name.
+            shutil.rmtree(self.settings.models_root / job_id, ignore_errors=True)
+        if job.get("cancel_requested"):
+            self.store.update(job_id, state="cancelled", finished_at=now, metrics=last_metrics)
+        elif result is not None and not stopped:
+            self.store.update(job_id, state="succeeded", finished_at=now,
+                              model_dir=result["model_dir"], metrics=last_metrics)  # fmt: skip
+        elif self._closed:
+            self.store.update(job_id, state="interrupted", finished_at=now,
+                              error="the server shut down while this job ran")  # fmt: skip
+        else:
+            self.store.update(
+                job_id, state="failed", finished_at=now, metrics=last_metrics,
+                error=error or f"training process exited with code {r.process.exitcode}",
+            )  # fmt: skip
+        self._remove_export(job_id)  # whatever the outcome: the run has read its images
+        log.info("job %s finished: %s", job_id, (self.store.get(job_id) or {}).get("state"))
+        with self._lock:
+            self._running.pop(job_id, None)
+        if not self._closed:
+            self._refresh_gauge()
+            self._launch_queued()
+
+
+def _check_device(device: str | None) -> None:
+    """A job's ``device`` must exist on this server (422 at submission, not a failed job later)."""
+    from models.training.runtime import check_device
+
+    try:
+        check_device(device)
+    except ValueError as exc:
+        raise InvalidValue(
+            f"invalid training config: {exc}; leave device out to use the server's"
+        ) from None

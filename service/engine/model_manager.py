@@ -1,0 +1,715 @@
+"""The served model, in the engine: load, verify, warm up, and hot-swap (load-then-swap).
+
+A reload or promote loads and verifies the new model completely (in a thread, off the event loop)
+and only then swaps one reference and bumps the *generation*. Requests carry the generation their
+inputs were prepared for; queued requests of the previous generation still run on the previous
+predictor (kept until the next swap), and a batch never mixes generations, so in-flight batches
+finish on the old model. A failed load leaves the served model untouched.
+
+:class:`ModelInfo` is what front ends know about the served model (they never load it): name,
+version, classes, input shape, which member set answers, the calibrated ``abstain_k`` per member
+set, and the JSON that ``GET /v1/models`` shows.
+
+**The served model is durable state.** Every change of the served model (start, promote, reload,
+rollback) is recorded in :class:`ModelHistory` (the jobs database) *before* it is swapped in, with
+the weights' sha256; the engine restores the newest entry at every start (a crash, ``kill -9``,
+or a full stop and start), after checking that the weights still hash to what was recorded.
+``model_dir`` is the model of the first start only, unless it was given explicitly
+(``vge serve --model-dir``, ``Settings.model_dir_explicit``), which wins over the history at that
+start (not at the engine's restarts within the same run). A recorded model that cannot be loaded
+(deleted, altered) is never replaced silently: the start model is served, an ERROR log line names
+the directory and what to do, ``vge_model_restore_failed`` is 1 and ``/v1/models`` carries
+``restore_failed``, until a promote, reload or rollback records what is served.
+
+**The promote gate** (:func:`gate_comparison`): before a promote serves a candidate, it and the
+served model are evaluated on the same fixed data (the bundled MNIST test split and the held-out
+digits, 3,600 images, through the serving path at each model's calibrated ``abstain_k``); a
+candidate worse than the served model beyond the ``promote_max_*`` tolerances is refused (409 with
+the comparison) unless the request says ``force``. The comparison is stored in the history entry.
+Rollback is not gated: it is the escape hatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.checkpoint import MODEL_NAME_PATTERN, WEIGHTS_FILE, CheckpointError, file_sha256
+from service.common.db import Database
+from service.common.errors import Conflict, InvalidValue, NotFound, NotReady
+from service.common.metrics import Metrics
+from service.common.model_info import ModelInfo
+from service.common.settings import Settings
+
+log = logging.getLogger("vge.models")
+
+_NAME_RE = re.compile(MODEL_NAME_PATTERN)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A verified, warmed-up predictor in the engine."""
+
+    predictor: Any
+    model_dir: Path
+    info: ModelInfo
+
+
+def resolve_model_dir(model_dir: Path | None) -> Path:
+    """``model_dir`` as given; a bare name of a shipped model when no such directory exists; the
+    shipped default when unset (:func:`models.zoo.resolve_model_dir`)."""
+    from models.zoo import resolve_model_dir as zoo_resolve
+
+    return zoo_resolve(model_dir)
+
+
+def _describe(predictor: Any, generation: int, device: str) -> ModelInfo:
+    card = predictor.card
+    calibrated = {m: card.abstain_k_for(m) for m in ("p", "q")}
+    info = ModelInfo(
+        generation=generation,
+        name=card.name,
+        version=card.version,
+        class_names=tuple(str(c) for c in card.class_names),
+        vgn=bool(card.vgn),
+        in_channels=int(card.in_channels),
+        input_size=(int(card.input_size[0]), int(card.input_size[1])),
+        calibrated_k=calibrated,
+        description={},
+    )
+    description = {
+        "name": card.name,
+        "version": card.version,
+        "description": card.description,
+        "classes": list(info.class_names),
+        "ensemble_kind": card.ensemble,
+        "members": card.members,
+        "vgn": card.vgn,
+        "answer_members": info.answer_members,
+        "device": device,
+        "abstain_k": calibrated[info.answer_members],
+        "abstain_k_by_members": calibrated,
+        "metrics": card.metrics,
+        "input_shape": list(info.input_shape),
+        "created_at": card.created_at,
+        "loaded_at": time.time(),
+    }
+    return ModelInfo(**{**info.__dict__, "description": description})
+
+
+def _load_sync(
+    model_dir: Path, device: str, generation: int, compile_: bool, max_batch: int = 1
+) -> LoadedModel:
+    from models.predictor import Predictor, bucket_sizes
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available; use --device cpu")
+    predictor = Predictor.from_dir(model_dir, device=device)
+    if compile_:  # every bucket a batch of up to max_batch runs in: compiled and captured now
+        predictor.compile(warm_up=bucket_sizes(max_batch))
+    # Warm up (and, when compiled, capture) so the first request is not slow.
+    x = predictor.conform(torch.zeros((1, 28, 28), dtype=torch.uint8)).unsqueeze(0)
+    out = predictor.run([x])
+    predictor.score_columns(out, predictor.options())
+    return LoadedModel(predictor, Path(model_dir), _describe(predictor, generation, device))
+
+
+_HISTORY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS model_history (
+    id TEXT PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL,
+    replica TEXT NOT NULL,
+    action TEXT NOT NULL,
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    model_dir TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS model_history_replica_at ON model_history (replica, at)
+"""
+
+#: Columns added after the table was first created; older databases get them at start
+#: (:meth:`Database.add_column`). ``comparison`` holds the promote gate's comparison as JSON text.
+_HISTORY_COLUMNS = (("weights_sha256", "TEXT"), ("comparison", "TEXT"), ("note", "TEXT"))
+
+
+def _iso(at: float) -> str:
+    """An epoch time as ISO 8601 UTC (seconds), as ``/v1/models`` shows times."""
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+
+
+class ModelHistory:
+    """Every model this replica chose to serve, in order (start, promote, promote_job, reload,
+    rollback), durably, with the weights' sha256 and the promote gate's comparison.
+
+    The newest entry is the model the engine restores at its next start. The shipped models,
+    models under models_root and job models alike: rolling back needs only the directory, so any
+    earlier entry can be served again (while its directory holds the recorded weights). An engine
+    restart that restores the newest entry adds no entry (it changes nothing), so "roll back"
+    without a target still means "the model before the latest change".
+    """
+
+    def __init__(self, db: Database, replica: str) -> None:
+        self.db = db
+        self.replica = replica
+        db.script(_HISTORY_SCHEMA)
+        for column, decl in _HISTORY_COLUMNS:
+            db.add_column("model_history", column, decl)
+
+    def record(
+        self,
+        action: str,
+        info: ModelInfo,
+        model_dir: Path,
+        *,
+        weights_sha256: str = "",
+        comparison: dict[str, Any] | None = None,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """Insert one entry (before the model is swapped in: what is served is always recorded);
+        returns it as :meth:`entries` shows it."""
+        row = {
+            "id": uuid.uuid4().hex[:16],
+            "at": time.time(),
+            "replica": self.replica,
+            "action": action,
+            "model": info.name,
+            "version": info.version,
+            "model_dir": str(Path(model_dir).resolve()),
+            "weights_sha256": weights_sha256 or None,
+            "comparison": None if comparison is None else json.dumps(comparison),
+            "note": note,
+        }
+        self.db.execute(
+            f"INSERT INTO model_history ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+            tuple(row.values()),
+        )
+        return self._decoded(row)
+
+    @staticmethod
+    def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+        """A row with its comparison parsed from JSON."""
+        out = dict(row)
+        raw = out.get("comparison")
+        out["comparison"] = json.loads(raw) if isinstance(raw, str) and raw else None
+        return out
+
+    def entries(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Newest first."""
+        rows = self.db.fetchall(
+            "SELECT * FROM model_history WHERE replica = ? ORDER BY at DESC, id DESC LIMIT ?",
+            (self.replica, limit),
+        )
+        return [self._decoded(r) for r in rows]
+
+    def latest(self) -> dict[str, Any] | None:
+        """The newest entry: the model this replica should be serving (None: never served)."""
+        rows = self.entries(1)
+        return rows[0] if rows else None
+
+    def latest_start(self) -> dict[str, Any] | None:
+        """The newest ``start`` entry: the configured model of the last start that recorded one."""
+        row = self.db.fetchone(
+            "SELECT * FROM model_history WHERE replica = ? AND action = 'start' "
+            "ORDER BY at DESC, id DESC LIMIT 1",
+            (self.replica,),
+        )
+        return self._decoded(row) if row is not None else None
+
+    def target(self, entry_id: str | None) -> dict[str, Any]:
+        """The entry to roll back to: ``entry_id``, else the one before the latest (undo)."""
+        if entry_id is not None:
+            row = self.db.fetchone(
+                "SELECT * FROM model_history WHERE id = ? AND replica = ?", (entry_id, self.replica)
+            )
+            if row is None:
+                raise NotFound(f"no model history entry {entry_id!r} on this replica")
+            return self._decoded(row)
+        entries = self.entries(2)
+        if len(entries) < 2:
+            raise Conflict("nothing to roll back to: this replica has served only one model")
+        return entries[1]
+
+
+def check_recorded_weights(entry: dict[str, Any]) -> None:
+    """Raise naming the problem when ``entry``'s directory is gone or its weights no longer hash
+    to the sha256 recorded when it was served (entries of older versions recorded none)."""
+    model_dir = Path(entry["model_dir"])
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"the directory {model_dir} does not exist (deleted or moved)")
+    recorded = entry.get("weights_sha256")
+    if recorded:
+        weights = model_dir / WEIGHTS_FILE
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights} does not exist")
+        digest = file_sha256(weights)
+        if digest != recorded:
+            raise CheckpointError(
+                f"{weights}: sha256 {digest[:16]}… is not the {recorded[:16]}… recorded when it "
+                "was served (the weights were replaced since)"
+            )
+
+
+# --------------------------------------------------------------------------- the promote gate
+
+#: What the gate evaluates on: MNIST digits no model trained here ever saw in training or model
+#: selection (the bundled test split, and the 2,000 held-out digits outside the bundled 8k).
+GATE_DATA = "bundled MNIST test split (1,600 digits) + held-out MNIST digits (2,000)"
+_DIGITS = [str(i) for i in range(10)]
+
+
+@functools.lru_cache(maxsize=1)
+def gate_data() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The gate's evaluation data by part: uint8 images ``(N, 28, 28)`` and digit labels."""
+    from models.data import bundled_split, load_bundled_mnist, load_holdout_mnist
+
+    images, labels = load_bundled_mnist()
+    idx = bundled_split()["test"]
+    held_images, held_labels = load_holdout_mnist()
+    return {"test": (images[idx], labels[idx]), "holdout": (held_images, held_labels)}
+
+
+def gate_skip_reason(card: Any) -> str | None:
+    """Why the gate cannot evaluate ``card``'s model on its digits (None: it can).
+
+    The data's labels are the digits 0-9: a model whose classes are not exactly the names
+    ``"0"`` … ``"9"`` (in any order) answers other questions, and accuracy on digits says nothing
+    about it. Inputs of another channel count or size are conformed as the server conforms
+    uploads (gray to RGB, resized), so a digit model of another input shape is still compared.
+    """
+    names = [str(c) for c in card.class_names]
+    if sorted(names) != _DIGITS:
+        shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
+        return (
+            f"{card.name} {card.version}'s classes ({shown}) are not the ten digits '0'…'9' of "
+            "the gate's evaluation data"
+        )
+    return None
+
+
+def _rates(correct: np.ndarray, abstain: np.ndarray) -> dict[str, Any]:
+    accepted = ~abstain
+    return {
+        "n": int(correct.size),
+        "accuracy": round(float(correct.mean()), 5),
+        "accepted_accuracy": round(float(correct[accepted].mean()), 5) if accepted.any() else None,
+        "deferral": round(float(abstain.mean()), 5),
+    }
+
+
+def evaluate_for_gate(predictor: Any, batch: int) -> dict[str, Any]:
+    """Accuracy, accepted-answer accuracy and deferral rate of ``predictor`` on :func:`gate_data`,
+    through the serving path (``conform``, ``run``, ``score_columns``) at the card's calibrated
+    ``abstain_k`` for its answer members (1.0 when uncalibrated), in batches of ``batch``.
+
+    Thread-safe on a served predictor (it is called beside the batcher's compute thread).
+    """
+    card = predictor.card
+    options = predictor.options(top_k=1)
+    digit_of = np.array([int(c) for c in card.class_names])
+    same_shape = card.in_channels == 1 and tuple(card.input_size) == (28, 28)
+    parts, corrects, abstains = {}, [], []
+    for part, (images, labels) in gate_data().items():
+        if same_shape:
+            x = images[:, None]
+        else:
+            x = np.stack([predictor.conform(torch.from_numpy(im)[None]).numpy() for im in images])
+        preds, flags = [], []
+        for start in range(0, len(x), batch):
+            columns = predictor.score_columns(predictor.run([x[start : start + batch]]), options)
+            preds.append(columns.column("prediction"))
+            flags.append(columns.column("abstain"))
+        correct = digit_of[np.concatenate(preds)] == labels
+        abstain = np.concatenate(flags)
+        parts[part] = _rates(correct, abstain)
+        corrects.append(correct)
+        abstains.append(abstain)
+    return {
+        "model": card.name,
+        "version": card.version,
+        "abstain_k": round(float(options.abstain_k), 5),
+        "members": options.members,
+        **_rates(np.concatenate(corrects), np.concatenate(abstains)),
+        "by_part": parts,
+    }
+
+
+def compare_for_gate(
+    served: dict[str, Any], candidate: dict[str, Any], settings: Settings
+) -> dict[str, Any]:
+    """The gate's comparison of two :func:`evaluate_for_gate` results: tolerances, deltas
+    (candidate − served) and ``failures``, one sentence per metric worse beyond its tolerance."""
+    tolerances = {
+        "accuracy_drop": settings.promote_max_accuracy_drop,
+        "accepted_accuracy_drop": settings.promote_max_accepted_accuracy_drop,
+        "deferral_rise": settings.promote_max_deferral_rise,
+    }
+    eps = 1e-9  # at exactly the tolerance it passes, whatever the float round-off
+    failures: list[str] = []
+    deltas: dict[str, float | None] = {}
+    for metric, tolerance, what in (
+        ("accuracy", tolerances["accuracy_drop"], "accuracy"),
+        ("accepted_accuracy", tolerances["accepted_accuracy_drop"], "accepted-answer accuracy"),
+    ):
+        s, c = served[metric], candidate[metric]
+        if s is None:  # the served model accepts nothing: nothing to fall short of
+            deltas[metric] = None
+        elif c is None:
+            deltas[metric] = None
+            failures.append(f"the candidate accepts no answer (deferral 1.0); the served "
+                            f"model's {what} is {s:.4f}")  # fmt: skip
+        else:
+            deltas[metric] = round(c - s, 5)
+            if c < s - tolerance - eps:
+                failures.append(f"{what} {c:.4f} is {s - c:.4f} below the served model's "
+                                f"{s:.4f} (tolerance {tolerance:g})")  # fmt: skip
+    s, c = served["deferral"], candidate["deferral"]
+    deltas["deferral"] = round(c - s, 5)
+    tolerance = tolerances["deferral_rise"]
+    if c > s + tolerance + eps:
+        failures.append(f"deferral rate {c:.4f} is {c - s:.4f} above the served model's {s:.4f} "
+                        f"(tolerance {tolerance:g})")  # fmt: skip
+    return {
+        "data": GATE_DATA,
+        "tolerances": tolerances,
+        "served": served,
+        "candidate": candidate,
+        "deltas": deltas,
+        "failures": failures,
+    }
+
+
+class PromoteRefused(Conflict):
+    """The promote gate found the candidate worse than the served model (409, with the
+    comparison); ``force`` serves it anyway."""
+
+    code = "promote_refused"
+
+    def __init__(self, message: str, comparison: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.comparison = comparison
+
+
+class ModelManager:
+    """Holds the served model (and the previous generation); records, gates and swaps."""
+
+    def __init__(
+        self, settings: Settings, metrics: Metrics, history: ModelHistory | None = None
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.history = history
+        self._current: LoadedModel | None = None
+        self._previous: LoadedModel | None = None
+        self._generation = 0
+        self._lock = asyncio.Lock()
+        #: gate evaluations by (weights sha256, card JSON): each model is evaluated once
+        self._evaluations: dict[tuple[str, str], dict[str, Any]] = {}
+        #: why the recorded model was not restored at start (None: it was, or nothing to restore)
+        self.restore_failed: dict[str, Any] | None = None
+
+    @property
+    def current(self) -> LoadedModel | None:
+        return self._current
+
+    def generation_of(self, predictor: Any) -> int | None:
+        """The generation ``predictor`` was loaded as, if it is still current or previous."""
+        for loaded in (self._current, self._previous):
+            if loaded is not None and loaded.predictor is predictor:
+                return loaded.info.generation
+        return None
+
+    def predictor_for(self, generation: int) -> Any:
+        """The predictor of ``generation`` (current or previous), else a 503 asking for a retry."""
+        for loaded in (self._current, self._previous):
+            if loaded is not None and loaded.info.generation == generation:
+                return loaded.predictor
+        if self._current is None:
+            raise NotReady("no model is loaded yet")
+        raise NotReady(
+            "the served model was swapped twice while this request waited; retry",
+            headers={"Retry-After": "1"},
+        )
+
+    # ------------------------------------------------------------------ load and swap
+    async def _load(self, model_dir: Path) -> LoadedModel:
+        """Load, verify and warm up ``model_dir`` off the event loop (not served yet)."""
+        t0 = time.perf_counter()
+        loaded = await asyncio.to_thread(
+            _load_sync,
+            Path(model_dir),
+            self.settings.resolved_device(),
+            self._generation + 1,
+            self.settings.resolved_compile(),
+            self.settings.resolved_max_batch_size(),
+        )
+        self.metrics.model_load.labels(model=loaded.info.name).observe(time.perf_counter() - t0)
+        return loaded
+
+    def _swap(self, loaded: LoadedModel, served: dict[str, Any]) -> LoadedModel:
+        """Serve ``loaded`` (one reference swap); ``served`` says since when and why, and goes
+        into the description ``/v1/models`` shows."""
+        info = replace(loaded.info, description={**loaded.info.description, **served})
+        loaded = replace(loaded, info=info)
+        self._generation = info.generation
+        self._previous, self._current = self._current, loaded
+        old = self._previous
+        log.info(
+            "serving %s %s from %s on %s (%s)%s",
+            info.name, info.version, loaded.model_dir, info.description["device"],
+            served["served_because"],
+            f", replacing {old.info.name} {old.info.version}" if old else "",
+        )  # fmt: skip
+        return loaded
+
+    @staticmethod
+    def _served(entry: dict[str, Any] | None, because: str, **more: Any) -> dict[str, Any]:
+        """The served-state fields of ``/v1/models`` for a model chosen by ``entry``."""
+        return {
+            "served_since": _iso(entry["at"] if entry else time.time()),
+            "served_because": because,
+            "history_id": entry["id"] if entry else None,
+            "restored_from": None,
+            "restore_failed": None,
+            "gate": entry.get("comparison") if entry else None,
+            **more,
+        }
+
+    async def load(
+        self,
+        model_dir: Path,
+        action: str = "load",
+        *,
+        gate: bool = False,
+        force: bool = False,
+        note: str | None = None,
+    ) -> LoadedModel:
+        """Load and verify ``model_dir`` off the event loop; with ``gate``, compare it with the
+        served model (:meth:`_gate`, may refuse); record it in the history as ``action``; only
+        then swap it in. A failure at any step leaves the served model untouched."""
+        async with self._lock:
+            loaded = await self._load(Path(model_dir))
+            comparison = await self._gate(loaded, force) if gate else None
+            entry = None
+            if self.history is not None:
+                entry = await asyncio.to_thread(
+                    self.history.record, action, loaded.info, model_dir,
+                    weights_sha256=loaded.predictor.card.weights_sha256,
+                    comparison=comparison, note=note,
+                )  # fmt: skip
+            if self.restore_failed is not None:
+                log.warning("model restore failure resolved: %s now records what is served", action)
+                self.restore_failed = None
+            self.metrics.model_restore_failed.set(0)
+            if entry is None:
+                return self._swap(loaded, self._served(None, action, gate=comparison))
+            return self._swap(loaded, self._served(entry, action))
+
+    async def load_initial(self, first_start: bool = True) -> LoadedModel:
+        """The model to serve at an engine start: the newest history entry (restored, after
+        checking its weights' sha256), else the configured model (``model_dir``: a directory or
+        a zoo model's name; else the shipped default). ``model_dir`` given explicitly
+        (``model_dir_explicit``), or a ``model_dir`` other than the last recorded start's (a new
+        deployment), wins at the first engine start of a run (``first_start``), not at its
+        restarts. A recorded model that cannot be restored: the configured model,
+        reported loudly (:attr:`restore_failed`, log, metric)."""
+        start_dir = resolve_model_dir(self.settings.model_dir)
+        latest = None
+        if self.history is not None:
+            latest = await asyncio.to_thread(self.history.latest)
+        self.metrics.model_restore_failed.set(0)
+        if latest is None:
+            return await self.load(start_dir, "start")
+        recorded = f"{latest['model']} {latest['version']} from {latest['model_dir']} " \
+                   f"({latest['action']} at {_iso(latest['at'])})"  # fmt: skip
+        if self.settings.model_dir_explicit and first_start:
+            log.warning(
+                "model_dir %s given explicitly (--model-dir, VGE_MODEL_DIR_EXPLICIT): serving "
+                "it, not %s, which the model history records", start_dir, recorded,
+            )  # fmt: skip
+            return await self.load(start_dir, "start", note="model_dir given explicitly")
+        if first_start and self.settings.model_dir is not None:
+            # A VGE_MODEL_DIR other than the last start's is a new deployment (the documented
+            # rolling-restart rollout points it at a new directory): it wins over what was
+            # promoted at run time under the old configuration. The same one: restore.
+            last = await asyncio.to_thread(self.history.latest_start)  # type: ignore[union-attr]
+            if last is not None and Path(start_dir).resolve() != Path(last["model_dir"]):
+                log.warning(
+                    "model_dir %s (VGE_MODEL_DIR) changed since the last start (%s): serving it, "
+                    "not %s, which the model history records", start_dir, last["model_dir"],
+                    recorded,
+                )  # fmt: skip
+                return await self.load(start_dir, "start", note="VGE_MODEL_DIR changed")
+        async with self._lock:
+            try:
+                await asyncio.to_thread(check_recorded_weights, latest)
+                loaded = await self._load(Path(latest["model_dir"]))
+            except Exception as exc:  # noqa: BLE001 - any failure: serve the start model, loudly
+                return await self._restore_failed(latest, recorded, exc, start_dir)
+        log.info("restored %s (weights sha256 verified)", recorded)
+        restored_from = {"history_id": latest["id"], "action": latest["action"],
+                         "at": _iso(latest["at"])}  # fmt: skip
+        return self._swap(loaded, self._served(latest, "restored", restored_from=restored_from))
+
+    async def _restore_failed(
+        self, latest: dict[str, Any], recorded: str, exc: BaseException, start_dir: Path
+    ) -> LoadedModel:
+        """Serve the start model instead of the recorded one that failed (lock held), and say so
+        in the log (ERROR), the metric and ``/v1/models``. Nothing is recorded: every start
+        retries the recorded model until an operator chooses one (promote, rollback, reload)."""
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        fix = (
+            f"put the model back at {latest['model_dir']} and restart the server, or choose the "
+            "model to serve: POST /v1/models/promote or /v1/models/rollback, or start with "
+            "--model-dir"
+        )
+        log.error(
+            "cannot restore the served model: the model history records %s, but it cannot be "
+            "loaded: %s. Serving the start model from %s instead (vge_model_restore_failed 1). "
+            "To fix: %s", recorded, problem, start_dir, fix,
+        )  # fmt: skip
+        self.restore_failed = {
+            "model": latest["model"],
+            "version": latest["version"],
+            "model_dir": latest["model_dir"],
+            "history_id": latest["id"],
+            "recorded_action": latest["action"],
+            "recorded_at": _iso(latest["at"]),
+            "error": problem,
+            "fix": fix,
+        }
+        self.metrics.model_restore_failed.set(1)
+        loaded = await self._load(start_dir)
+        return self._swap(loaded, self._served(None, "start", restore_failed=self.restore_failed))
+
+    # ------------------------------------------------------------------ the promote gate
+    async def _evaluation(self, predictor: Any) -> dict[str, Any]:
+        """:func:`evaluate_for_gate` of ``predictor``, once per model (cached)."""
+        card = predictor.card
+        key = (card.weights_sha256, card.model_dump_json())
+        result = self._evaluations.get(key)
+        if result is None:
+            batch = self.settings.resolved_max_batch_size()
+            result = await asyncio.to_thread(evaluate_for_gate, predictor, batch)
+            if len(self._evaluations) >= 16:
+                self._evaluations.clear()
+            self._evaluations[key] = result
+        return result
+
+    async def _gate(self, candidate: LoadedModel, force: bool) -> dict[str, Any]:
+        """Compare ``candidate`` with the served model (:func:`compare_for_gate`); the
+        comparison, with its ``verdict`` (passed, forced, skipped), or :class:`PromoteRefused`."""
+        served = self._current
+        assert served is not None
+        t0 = time.perf_counter()
+        reason = gate_skip_reason(candidate.predictor.card) or gate_skip_reason(
+            served.predictor.card
+        )
+        if reason is not None:
+            log.warning("promote gate skipped: %s; promoting without a comparison", reason)
+            return {"verdict": "skipped", "reason": reason, "data": GATE_DATA, "force": force}
+        try:
+            comparison = compare_for_gate(
+                await self._evaluation(served.predictor),
+                await self._evaluation(candidate.predictor),
+                self.settings,
+            )
+        except Exception as exc:  # noqa: BLE001 - never serve unchecked because the check broke
+            log.exception("promote gate: the evaluation failed")
+            problem = f"{type(exc).__name__}: {exc}"
+            comparison = {"data": GATE_DATA, "failures": [f"the evaluation failed ({problem})"]}
+        comparison["seconds"] = round(time.perf_counter() - t0, 3)
+        comparison["force"] = force
+        name = f"{candidate.info.name} {candidate.info.version}"
+        if not comparison["failures"]:
+            comparison["verdict"] = "passed"
+            log.info("promote gate passed: %s", name)
+            return comparison
+        why = "; ".join(comparison["failures"])
+        if force:
+            comparison["verdict"] = "forced"
+            log.warning("promote gate: %s is worse than the served model (%s); served anyway "
+                        "(force)", name, why)  # fmt: skip
+            return comparison
+        comparison["verdict"] = "refused"
+        log.warning("promote gate refused %s: %s", name, why)
+        raise PromoteRefused(
+            f"promote refused: {name} is worse than the served {served.info.name} "
+            f"{served.info.version} on {GATE_DATA}: {why}. It was not served; promote with "
+            '"force": true to serve it anyway',
+            comparison,
+        )
+
+    # ------------------------------------------------------------------ operations
+    async def reload(self) -> LoadedModel:
+        """Load the served model's directory again (e.g. after its files changed)."""
+        if self._current is None:
+            raise NotReady("no model is loaded yet")
+        return await self.load_checked(self._current.model_dir, "reload")
+
+    def resolve(self, name: str) -> Path:
+        """A model directory under ``models_root`` by name (no paths, no traversal)."""
+        if not _NAME_RE.match(name):
+            raise InvalidValue(
+                f"model name {name!r} is invalid: use the directory name under models_root "
+                "(letters, digits, '.', '_', '-')"
+            )
+        root = self.settings.models_root.resolve()
+        path = (root / name).resolve()
+        if path.parent == root and path.is_dir():
+            return path
+        from models.zoo import zoo_model_dir, zoo_models
+
+        shipped = zoo_model_dir(name)
+        if shipped is not None:  # the shipped models can always be promoted back (by name)
+            return shipped
+        raise NotFound(
+            f"no model {name!r} under models_root ({root}) or among the shipped models "
+            f"({', '.join(zoo_models())})"
+        )
+
+    async def promote(self, name: str, force: bool = False) -> LoadedModel:
+        """Load ``models_root/name`` (or a shipped model), pass the gate, serve it."""
+        return await self.load_checked(self.resolve(name), "promote", gate=True, force=force)
+
+    async def rollback(self, entry_id: str | None) -> LoadedModel:
+        """Serve an earlier model of the history again (default: the one before the current).
+
+        Not gated: rollback is the escape hatch when a promoted model disappoints. The entry's
+        weights must still hash to what was recorded."""
+        if self.history is None:
+            raise NotReady("this server keeps no model history")
+        entry = await asyncio.to_thread(self.history.target, entry_id)
+        path = Path(entry["model_dir"])
+        try:
+            await asyncio.to_thread(check_recorded_weights, entry)
+        except (ValueError, OSError) as exc:
+            raise InvalidValue(
+                f"history entry {entry['id']} ({entry['model']} {entry['version']}) cannot be "
+                f"served again: {exc}"
+            ) from None
+        note = f"to {entry['id']} ({entry['action']} at {_iso(entry['at'])})"
+        return await self.load_checked(path, "rollback", note=note)
+
+    async def load_checked(
+        self, path: Path, action: str = "load", *, gate: bool = False, force: bool = False,
+        note: str | None = None,
+    ) -> LoadedModel:  # fmt: skip
+        """:meth:`load`, a model that fails to load being a 422 naming it."""
+        try:
+            return await self.load(path, action, gate=gate, force=force, note=note)
+        except (ValueError, FileNotFoundError, OSError) as exc:  # CheckpointError is a ValueError
+            raise InvalidValue(
+                f"model at {path.name!r} failed to load and was not served: {exc}"
+            ) from None

@@ -1,0 +1,208 @@
+"""The Open Inference Protocol (KServe V2) over gRPC, for ``tritonclient.grpc`` and other stock clients.
+
+Enabled with ``VGE_GRPC_PORT`` (needs ``pip install 'vge-serve[grpc]'``: the protocol's generated
+stubs ship with ``tritonclient[grpc]``). Every front end serves it on the same port
+(``SO_REUSEPORT``: the kernel spreads connections, as for HTTP) and answers through the same path
+as ``POST /v2/models/{name}/infer``: the same input checks (``images`` UINT8 pixels or ``input``
+FP32), the same engine, the same outputs as raw little-endian tensors (``raw_output_contents``).
+Implemented: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer; the
+Triton-only RPCs (repository, shared memory, statistics, ...) answer UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from service.common import errors
+from service.frontend.deps import ServiceState
+from service.frontend.inference import predict_tensor, resolve_options
+from service.frontend.review_queue import queue_tensor_answers
+from service.frontend.routes.health import is_ready
+from service.frontend.v2_core import (
+    DTYPES,
+    OUTPUTS,
+    check_input_spec,
+    check_parameters,
+    model_metadata_dict,
+    output_tensors,
+    review_param,
+    to_model_input,
+    versioned_model,
+)
+
+_STATUS = {  # service error -> gRPC status code name
+    "BadInput": "INVALID_ARGUMENT",
+    "InvalidValue": "INVALID_ARGUMENT",
+    "PayloadTooLarge": "RESOURCE_EXHAUSTED",
+    "NotFound": "NOT_FOUND",
+    "QueueFull": "UNAVAILABLE",
+    "NotReady": "UNAVAILABLE",
+    "DeadlineExceeded": "DEADLINE_EXCEEDED",
+}
+
+
+def _model(state: ServiceState, request: Any) -> Any:
+    """The model a ModelReady/ModelMetadata request names, at its version when it names one (a
+    version this server does not serve is NOT_FOUND, as on the REST routes)."""
+    if request.version:
+        return versioned_model(state, request.name, request.version)
+    return state.model(request.name)
+
+
+def _param(p: Any) -> Any:
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def _input_array(request: Any, max_images: int) -> tuple[np.ndarray, str]:
+    """The request's one input tensor as a NumPy array, checked like the HTTP route's."""
+    if len(request.inputs) != 1:
+        raise errors.BadInput("inputs must hold exactly one tensor: the image batch")
+    spec = request.inputs[0]
+    dtype, shape = spec.datatype, [int(s) for s in spec.shape]
+    count = check_input_spec(spec.name, dtype, shape, max_images)
+    if request.raw_input_contents:
+        raw = request.raw_input_contents[0]
+        if len(raw) != count * DTYPES[dtype].itemsize:
+            raise errors.BadInput(f"raw input of {len(raw)} bytes does not match {shape} {dtype}")
+        arr = np.frombuffer(raw, dtype=DTYPES[dtype])
+    else:
+        values = spec.contents.uint_contents if dtype == "UINT8" else spec.contents.fp32_contents
+        if len(values) != count:
+            raise errors.BadInput(f"input has {len(values)} elements, shape {shape} needs {count}")
+        if dtype == "UINT8" and any(v > 255 for v in values):
+            raise errors.BadInput("UINT8 input data must be integers in [0, 255]")
+        arr = np.asarray(values, dtype=DTYPES[dtype])
+    if dtype == "FP32" and not np.isfinite(arr).all():
+        raise errors.BadInput("FP32 input contains NaN or infinity")
+    return arr.reshape(shape), dtype
+
+
+def make_servicer(state: ServiceState) -> Any:
+    """A ``GRPCInferenceServiceServicer`` answering through ``state``'s engine connection."""
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    async def _abort(context: Any, exc: Exception) -> None:
+        name = type(exc).__name__
+        code = getattr(grpc.StatusCode, _STATUS.get(name, "INTERNAL"))
+        message = exc.message if isinstance(exc, errors.ServiceError) else "internal server error"
+        await context.abort(code, message)
+
+    class Servicer(pb_grpc.GRPCInferenceServiceServicer):
+        async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802
+            return pb.ServerLiveResponse(live=True)
+
+        async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+            return pb.ServerReadyResponse(ready=is_ready(state)[0])
+
+        async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+            from importlib.metadata import version
+
+            return pb.ServerMetadataResponse(
+                name="vge-serve", version=version("vge-serve"), extensions=["binary_tensor_data"]
+            )
+
+        async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+            try:
+                _model(state, request)
+            except errors.ServiceError as exc:
+                await _abort(context, exc)
+            return pb.ModelReadyResponse(ready=is_ready(state)[0])
+
+        async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+            try:
+                meta = model_metadata_dict(_model(state, request))
+            except errors.ServiceError as exc:
+                await _abort(context, exc)
+            tensor = pb.ModelMetadataResponse.TensorMetadata
+            return pb.ModelMetadataResponse(
+                name=meta["name"],
+                versions=meta["versions"],
+                platform=meta["platform"],
+                inputs=[
+                    tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                    for t in meta["inputs"]
+                ],  # fmt: skip
+                outputs=[
+                    tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                    for t in meta["outputs"]
+                ],  # fmt: skip
+            )
+
+        async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+            try:
+                with state.engine.arrival() as arrival:  # as ServingMiddleware does
+                    arrival.start()  # the request is whole: gRPC hands it over complete
+                    model = state.model(request.model_name)
+                    if request.model_version and request.model_version != model.version:
+                        raise errors.NotFound(
+                            f"model {model.name!r} has no version {request.model_version!r}"
+                        )
+                    params = {k: _param(v) for k, v in request.parameters.items()}
+                    abstain_k, vgmu_on, timeout_s = check_parameters(params)
+                    metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+                    review = review_param(state, params, metadata)
+                    names = [o.name for o in request.outputs] or list(OUTPUTS)
+                    unknown = [n for n in names if n not in OUTPUTS]
+                    if unknown:
+                        raise errors.BadInput(
+                            f"unknown outputs {unknown}; available: {list(OUTPUTS)}"
+                        )
+                    n_classes = len(model.class_names)
+                    options = resolve_options(
+                        state, model, abstain_k=abstain_k, vgmu_on=vgmu_on,
+                        top_k=n_classes,
+                    )  # fmt: skip
+                    arr, dtype = _input_array(request, state.settings.max_images)
+                    x = to_model_input(arr, dtype, model, state)
+                    columns = await predict_tensor(state, model, x, options, timeout_s)
+                said: dict[str, str] = {}
+                if review != "never":  # the queue is on: as /v1/predict and V2 HTTP do
+                    said = await queue_tensor_answers(
+                        state, model, review, columns, arr if dtype == "UINT8" else None,
+                        options.abstain_k, metadata,
+                    )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - every failure is a gRPC status
+                await _abort(context, exc)
+            tensors = output_tensors(columns, n_classes)
+            out = pb.ModelInferResponse(
+                model_name=model.name, model_version=model.version, id=request.id
+            )
+            for key, value in said.items():  # review_status, review_id (queue_tensor_answers)
+                out.parameters[key].string_param = value
+            for n in names:
+                t = tensors[n]
+                out.outputs.add(name=n, datatype=OUTPUTS[n], shape=list(t.shape))
+                out.raw_output_contents.append(np.ascontiguousarray(t).tobytes())
+            return out
+
+    return Servicer()
+
+
+async def start_grpc(state: ServiceState) -> Any:
+    """Start the gRPC server of this front end on ``VGE_GRPC_PORT`` (shared via SO_REUSEPORT)."""
+    try:
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc as pb_grpc
+    except ImportError as exc:
+        raise RuntimeError(
+            "VGE_GRPC_PORT is set but gRPC support is not installed: pip install 'vge-serve[grpc]'"
+        ) from exc
+    from service.frontend.grpc_limits import CallDeadline, server_options
+
+    settings = (
+        state.settings
+    )  # limits: no client holds the server (service/frontend/grpc_limits.py)
+    server = grpc.aio.server(
+        options=server_options(settings),
+        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
+        interceptors=[CallDeadline(settings.grpc_call_timeout_s)],
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(make_servicer(state), server)
+    server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    await server.start()
+    return server

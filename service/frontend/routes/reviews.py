@@ -1,0 +1,259 @@
+"""``/v1/reviews``: the human review queue's API, and ``GET /review``, the reviewer page.
+
+Thin routes over :class:`service.common.reviews.ReviewStore` (every front end opens the shared store
+itself; nothing goes through the engine). All ``/v1/reviews`` endpoints need a reviewer key as
+``Authorization: Bearer``: a personal one (``VGE_REVIEWER_KEYS="alice:<key>,bob:<key>"``), whose
+name is who acts (a ``reviewer`` in the body is then ignored: the key's name is recorded), or the
+shared ``VGE_REVIEWER_KEY`` (or the admin ``VGE_API_KEY``), with which the client names itself
+(``reviewer`` in the body, default ``"reviewer"``) and the item records ``reviewer_via:
+"shared_key"``: a claimed name, not a verified one. Claim and skip need no body. A store that is
+unavailable answers 503 naming it (service.common.reviews). The page and the images are sent with a
+Content-Security-Policy (``frame-ancestors 'none'``) and ``X-Content-Type-Options: nosniff``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import io
+import re
+import tarfile
+import time
+from collections.abc import Iterator
+from importlib.resources import files
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+from service.common.reviews import ReviewStore
+from service.frontend.auth import ReviewerKey
+from service.frontend.deps import State
+from service.frontend.routes.schemas import error_responses
+
+router = APIRouter(
+    prefix="/v1/reviews", tags=["reviews"],
+    responses=error_responses(400, 401, 403, 404, 422, 503),
+)  # fmt: skip
+page_router = APIRouter(tags=["reviews"])
+
+Reviewer = Annotated[
+    str | None,
+    Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="Who reviews, with the shared reviewer key (recorded as claimed, "
+        "reviewer_via shared_key; default 'reviewer'). A personal key's name wins over it.",
+    ),
+]
+#: The reviewer name of the shared key when the client gives none.
+DEFAULT_REVIEWER = "reviewer"
+ModelName = Annotated[str | None, Query(max_length=128, description="Only this model's items.")]
+
+
+class LabelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: Annotated[str, Field(min_length=1, max_length=200)] | Annotated[int, Strict()] = Field(
+        description="One of the model's classes; an integer names the class of that name (9 for "
+        'class "9").'
+    )
+    reviewer: Reviewer
+
+
+class SkipRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reviewer: Reviewer
+
+
+class ClaimRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reviewer: Reviewer
+    order: Literal["oldest", "vgmu"] = Field(
+        "oldest", description="oldest first, or vgmu: the most uncertain (highest VGMU) first"
+    )
+    model: str | None = Field(None, max_length=128)
+
+
+def _who(request: Request, given: str | None) -> tuple[str, str]:
+    """Who acts and how they were identified: a personal key's name (``key``), else the name the
+    client gives with the shared key (``shared_key``)."""
+    name, via = getattr(request.state, "reviewer", (None, "shared_key"))
+    if name is not None:
+        return name, via
+    return given or DEFAULT_REVIEWER, via
+
+
+def _closed(state: State, item: dict[str, Any]) -> dict[str, Any]:
+    """Count a label or skip in the review metrics (a relabel is not a second review)."""
+    if item.get("relabelled"):
+        return item
+    m = state.metrics
+    if item["state"] == "skipped":
+        outcome = "skipped"
+    else:
+        outcome = "agree" if item["label"] == item["answer"]["label"] else "disagree"
+    m.reviews.labels(model=item["model"], outcome=outcome).inc()
+    m.review_latency.labels(model=item["model"]).observe(
+        max(0.0, item["reviewed_at"] - item["created_at"])
+    )
+    return item
+
+
+@router.get("")
+async def list_reviews(
+    _: ReviewerKey,
+    state: State,
+    review_state: Annotated[
+        Literal["pending", "reviewed", "skipped"], Query(alias="state")
+    ] = "pending",
+    model: ModelName = None,
+    order: Literal["oldest", "vgmu"] = "oldest",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> dict[str, Any]:
+    """Items in a state, oldest first (``order=vgmu``: most uncertain, highest VGMU, first), a
+    page at a time (``next_cursor`` continues in the same order)."""
+    store = state.review_store()
+    reviews, nxt = await asyncio.to_thread(
+        store.list, state=review_state, model=model, order=order, limit=limit, cursor=cursor
+    )
+    return {"reviews": reviews, "next_cursor": nxt}
+
+
+@router.get("/stats")
+async def review_stats(_: ReviewerKey, state: State, model: ModelName = None) -> dict[str, Any]:
+    """Counts by state, human-vs-model agreement (overall, per predicted class), median wait."""
+    return await asyncio.to_thread(state.review_store().stats, model)
+
+
+@router.get(
+    "/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "ImageFolder tar."}},
+)
+async def export_reviews(_: ReviewerKey, state: State, model: ModelName = None) -> Response:
+    """Stream the reviewed items as an ImageFolder tar: ``<label>/<sha256>.png``."""
+    store = state.review_store()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return StreamingResponse(
+        _tar_stream(store, model),
+        media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="reviews-{stamp}.tar"'},
+    )
+
+
+def _tar_stream(store: ReviewStore, model: str | None) -> Iterator[bytes]:
+    """A tar written item by item (Starlette runs this sync generator in a thread)."""
+    from service.common.decode import to_png
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w|") as tar:
+        for label, sha, data, ctype in store.reviewed(model):
+            png = data if ctype == "image/png" else to_png(data)
+            info = tarfile.TarInfo(f"{label}/{sha}.png")
+            info.size, info.mtime, info.mode = len(png), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(png))
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
+
+
+@router.post("/claim")
+async def claim_review(
+    _: ReviewerKey, state: State, request: Request, body: ClaimRequest | None = None
+) -> dict[str, Any]:
+    """Hand the next pending item to this reviewer for a lease (``review`` null when none);
+    no two reviewers hold the same item, across replicas too. The body is optional."""
+    body = body or ClaimRequest()
+    store = state.review_store()
+    who, _via = _who(request, body.reviewer)
+    item = await asyncio.to_thread(store.claim, who, order=body.order, model=body.model)
+    pending = await asyncio.to_thread(store.pending_count, body.model)
+    return {"review": item, "pending": pending, "lease_s": store.lease_s, "reviewer": who}
+
+
+@router.get("/{review_id}")
+async def get_review(review_id: str, _: ReviewerKey, state: State) -> dict[str, Any]:
+    """One item: the stored answer, its state, label and reviewer."""
+    return await asyncio.to_thread(state.review_store().get, review_id)
+
+
+@router.get(
+    "/{review_id}/image",
+    response_class=Response,
+    responses={200: {"content": {"image/*": {}}, "description": "The original image bytes."}},
+)
+async def review_image(review_id: str, _: ReviewerKey, state: State) -> Response:
+    """The original bytes of the queued image, with their content type (never run as a page:
+    ``nosniff`` and a CSP that allows nothing, not even framing)."""
+    data, ctype = await asyncio.to_thread(state.review_store().image, review_id)
+    headers = {"Cache-Control": "private, max-age=3600", **IMAGE_HEADERS}
+    return Response(data, media_type=ctype, headers=headers)
+
+
+@router.post("/{review_id}", responses=error_responses(409))
+async def label_review(
+    review_id: str, body: LabelRequest, _: ReviewerKey, state: State, request: Request
+) -> dict[str, Any]:
+    """Record the human label (one of the model's classes, else 422) → ``reviewed``; a reviewed
+    item is relabelled (its earlier labels stay in ``history``)."""
+    who, via = _who(request, body.reviewer)
+    item = await asyncio.to_thread(
+        state.review_store().label, review_id, str(body.label), who, via=via
+    )
+    return _closed(state, item)
+
+
+@router.post("/{review_id}/skip", responses=error_responses(409))
+async def skip_review(
+    review_id: str, _: ReviewerKey, state: State, request: Request, body: SkipRequest | None = None
+) -> dict[str, Any]:
+    """Take a pending item out of the queue without a label → ``skipped`` (the body is
+    optional)."""
+    who, via = _who(request, body.reviewer if body else None)
+    item = await asyncio.to_thread(state.review_store().skip, review_id, who, via=via)
+    return _closed(state, item)
+
+
+_PAGE = files("service.frontend.static").joinpath("review.html")
+
+
+def _page_headers(html: str) -> dict[str, str]:
+    """The page's CSP: its one inline script by hash, requests to this origin only, images from
+    the blob: URLs it makes, no framing, no plugins, no forms posted elsewhere."""
+    scripts = re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(js.encode()).digest()).decode() + "'"
+        for js in scripts
+    )
+    csp = (
+        f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; img-src blob:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    return {**SECURITY_HEADERS, "Content-Security-Policy": csp}
+
+
+#: Sent with the page and the images (issue 28: the browser must not sniff, frame or run them).
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+IMAGE_HEADERS = {
+    **SECURITY_HEADERS,
+    "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'; sandbox",
+}
+
+
+@page_router.get("/review", response_class=HTMLResponse, include_in_schema=False)
+async def review_page() -> HTMLResponse:
+    """The reviewer page: plain HTML + JavaScript, no build step, no CDN (works offline)."""
+    html = _PAGE.read_text(encoding="utf-8")
+    return HTMLResponse(html, headers=_page_headers(html))

@@ -1,0 +1,312 @@
+"""KServe V2 / Open Inference Protocol, so existing clients (e.g. ``tritonclient.http``) work.
+
+Input: one image-batch tensor, batch dimension first —
+
+* ``images``, ``UINT8`` ``[B, C, H, W]`` or ``[B, H, W]``: raw pixels, prepared exactly like
+  /v1/predict images;
+* ``input``, ``FP32`` ``[B, Cin, H', W']``: already-prepared model input (the shape in the model
+  metadata).
+
+Data as a JSON list or with the binary tensor extension (``Inference-Header-Content-Length``), in
+both directions: outputs requested with ``"parameters": {"binary_data": true}`` (or the request
+parameter ``binary_data_output``) come back as raw little-endian tensors after the JSON header.
+Request ``parameters``: ``abstain_k``, ``vgmu_on`` (``p``/``q``; default: the model's answer set),
+``timeout_s``, ``review`` (``auto``/``always``/``never``, with the review queue on, as on
+/v1/predict; ``always`` needs a key); any other is a 400 naming it. What the review queue did is
+in the response's ``parameters``: ``review_status`` and ``review_id``, comma-separated per image
+(``UINT8`` pixels are stored as PNG; ``FP32`` input, already normalised, is not an image a person
+can label: ``unsupported_input``).
+Outputs: ``probabilities`` FP32 [B, C], ``prediction`` INT64 [B], ``vgmu``, ``snr``, ``tu``,
+``au``, ``eu`` FP32 [B], ``abstain`` BOOL [B]. Errors are ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from service.common.errors import BadInput, PayloadTooLarge
+from service.common.model_info import ModelInfo
+from service.frontend.deps import State, service_state
+from service.frontend.inference import parse_json, predict_tensor, resolve_options
+from service.frontend.multipart import INLINE_PARSE_BYTES
+from service.frontend.review_queue import queue_tensor_answers
+from service.frontend.routes.direct import add_direct_route
+from service.frontend.routes.health import is_ready
+from service.frontend.routes.schemas import error_responses
+from service.frontend.v2_core import (
+    DTYPES,
+    OUTPUTS,
+    check_input_spec,
+    check_parameters,
+    is_number,
+    model_metadata_dict,
+    output_tensors,
+    review_param,
+    to_model_input,
+    versioned_model,
+)
+
+router = APIRouter(
+    prefix="/v2", tags=["v2"], responses=error_responses(400, 404, 413, 422, 503, 504)
+)
+
+
+@router.get("")
+async def server_metadata() -> dict[str, Any]:
+    """Server metadata."""
+    from importlib.metadata import version
+
+    return {
+        "name": "vge-serve",
+        "version": version("vge-serve"),
+        "extensions": ["binary_tensor_data"],
+    }
+
+
+@router.get("/health/live")
+async def live() -> dict[str, bool]:
+    """Server liveness."""
+    return {"live": True}
+
+
+@router.get("/health/ready")
+async def ready(state: State) -> JSONResponse:
+    """Server readiness (same rule as /readyz)."""
+    ok, _ = is_ready(state)
+    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+@router.get("/models/{name}")
+async def model_metadata(name: str, state: State) -> dict[str, Any]:
+    """Model metadata (inputs, outputs, versions)."""
+    return model_metadata_dict(state.model(name))
+
+
+@router.get("/models/{name}/versions/{version}")
+async def model_version_metadata(name: str, version: str, state: State) -> dict[str, Any]:
+    """Model metadata for an explicit version."""
+    return model_metadata_dict(versioned_model(state, name, version))
+
+
+@router.get("/models/{name}/ready")
+async def model_ready(name: str, state: State) -> JSONResponse:
+    """Model readiness."""
+    state.model(name)
+    ok, _ = is_ready(state)
+    return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+
+
+@router.get("/models/{name}/versions/{version}/ready")
+async def model_version_ready(name: str, version: str, state: State) -> JSONResponse:
+    """Readiness of an explicit model version (404 for a version this server does not serve)."""
+    versioned_model(state, name, version)
+    ok, _ = is_ready(state)
+    return JSONResponse(
+        {"name": name, "version": version, "ready": ok}, status_code=200 if ok else 503
+    )
+
+
+async def _parse_body(request: Request, max_json: int) -> tuple[dict[str, Any], bytes, int]:
+    """The request's JSON (capped at ``max_json`` bytes; parsed in a worker thread when over
+    INLINE_PARSE_BYTES: json.loads holds the interpreter), its binary tensor data and the JSON's
+    size in bytes."""
+    raw = await request.body()
+    header_len = request.headers.get("inference-header-content-length")
+    if header_len is not None:
+        try:
+            n = int(header_len)
+        except ValueError:
+            raise BadInput("Inference-Header-Content-Length is not an integer") from None
+        if not 0 < n <= len(raw):
+            raise BadInput("Inference-Header-Content-Length is outside the body")
+        head, binary = raw[:n], raw[n:]
+    else:
+        head, binary = raw, b""
+    if len(head) > max_json:  # (a whole-JSON body is capped by the middleware already)
+        raise PayloadTooLarge(
+            f"inference request JSON of {len(head)} bytes exceeds the limit of {max_json} bytes "
+            "(VGE_MAX_JSON_BYTES); send large tensors with the binary tensor extension"
+        )
+    if len(head) > INLINE_PARSE_BYTES:
+        body = await asyncio.to_thread(parse_json, head, "inference request header")
+    else:
+        body = parse_json(head, "inference request header")
+    if not isinstance(body, dict):
+        raise BadInput("inference request must be a JSON object")
+    return body, binary, len(head)
+
+
+def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.ndarray:
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise BadInput("inputs must hold exactly one tensor: the image batch")
+    spec = inputs[0]
+    dtype, shape = spec.get("datatype"), spec.get("shape")
+    count = check_input_spec(spec.get("name"), dtype, shape, max_images)
+    size = _object(spec.get("parameters"), "input parameters").get("binary_data_size")
+    if size is not None:
+        if not is_number(size) or size != count * DTYPES[dtype].itemsize:
+            raise BadInput(f"binary_data_size {size!r} does not match shape {shape} of {dtype}")
+        if size != len(binary):  # one input: its bytes are all the binary data there is
+            raise BadInput(
+                f"binary_data_size {size} but the request carries {len(binary)} bytes of "
+                "binary tensor data"
+            )
+        arr = np.frombuffer(binary, dtype=DTYPES[dtype])  # size == len(binary): whole items
+    else:
+        data = spec.get("data")
+        if data is None:
+            raise BadInput("input has neither data nor binary_data_size")
+        try:
+            raw = np.asarray(data)
+        except (ValueError, TypeError):  # ragged nesting
+            raw = np.asarray(None)
+        # Not strings, booleans (also mixed with numbers: numpy would make them 0 and 1), nulls
+        # or ragged lists.
+        if raw.dtype.kind not in "iuf" or (
+            raw.dtype.kind in "iu" and any(v is True or v is False for v in _flat(data))
+        ):
+            raise BadInput("input data must be a (flat or nested) list of numbers")
+        arr = raw.astype(np.float64).reshape(-1)
+        if arr.size != count:
+            raise BadInput(f"input data has {arr.size} elements, shape {shape} needs {count}")
+        if dtype == "UINT8":
+            if ((arr < 0) | (arr > 255) | (arr != np.round(arr))).any():
+                raise BadInput("UINT8 input data must be integers in [0, 255]")
+            arr = arr.astype(np.uint8)
+        else:
+            arr = arr.astype(np.float32)
+    arr = arr.reshape(shape)
+    if dtype == "FP32" and not np.isfinite(arr).all():
+        raise BadInput("FP32 input contains NaN or infinity")
+    return arr
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """``value`` when it is a JSON object, ``{}`` when absent, else a 400 naming ``what``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadInput(f"{what} must be an object; got {type(value).__name__}")
+    return value
+
+
+def _flag(params: dict[str, Any], key: str, what: str) -> bool | None:
+    """A boolean parameter (JSON ``true``/``false``), None when absent, else a 400: the string
+    ``"false"`` must not switch a flag on."""
+    value = params.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise BadInput(f"{what} {key} must be true or false; got {value!r}")
+    return value
+
+
+def _flat(data: Any) -> Any:
+    """The leaves of a nested list."""
+    for v in data if isinstance(data, list) else (data,):
+        if isinstance(v, list):
+            yield from _flat(v)
+        else:
+            yield v
+
+
+def _parameters(body: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
+    return check_parameters(_object(body.get("parameters"), "parameters"))
+
+
+def _binary_wanted(body: dict[str, Any], wanted: list[dict[str, Any]] | None) -> dict[str, bool]:
+    """Per output: send it with the binary tensor extension (request- or output-level flag)."""
+    params = _object(body.get("parameters"), "parameters")
+    default = bool(_flag(params, "binary_data_output", "parameters"))
+    flags = {name: default for name in OUTPUTS}
+    for o in wanted or []:
+        flag = _flag(_object(o.get("parameters"), f"output {o['name']!r} parameters"),
+                     "binary_data", f"output {o['name']!r} parameter")  # fmt: skip
+        if flag is not None:
+            flags[o["name"]] = flag
+    return flags
+
+
+def _encode(response: dict[str, Any], tensors: dict[str, np.ndarray], binary: dict[str, bool],
+            names: list[str]) -> Response:  # fmt: skip
+    """JSON, or the binary tensor extension: JSON header + raw little-endian tensors in order."""
+    chunks: list[bytes] = []
+    outputs = []
+    for n in names:
+        t = tensors[n]
+        entry: dict[str, Any] = {"name": n, "datatype": OUTPUTS[n], "shape": list(t.shape)}
+        if binary[n]:
+            raw = np.ascontiguousarray(t).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = t.reshape(-1).tolist()
+        outputs.append(entry)
+    head = json.dumps({**response, "outputs": outputs}, separators=(",", ":")).encode()
+    if not chunks:
+        return Response(head, media_type="application/json")
+    return Response(
+        head + b"".join(chunks),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(head))},
+    )
+
+
+async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
+    body, binary, json_size = await _parse_body(request, state.settings.max_json_bytes)
+    wanted = body.get("outputs")
+    names = list(OUTPUTS)
+    if wanted:
+        if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
+            raise BadInput('outputs must be a list of {"name": ...} objects')
+        names = [o.get("name") for o in wanted]
+        unknown = [n for n in names if not isinstance(n, str) or n not in OUTPUTS]
+        if unknown:
+            raise BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
+    binary_wanted = _binary_wanted(body, wanted)  # checked before the batch is computed
+    abstain_k, vgmu_on, timeout_s = _parameters(body)
+    review = review_param(state, body.get("parameters") or {}, request.headers)
+    n_classes = len(model.class_names)
+    options = resolve_options(state, model, abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=n_classes)
+    if json_size <= INLINE_PARSE_BYTES:
+        arr = _input_tensor(body, binary, state.settings.max_images)
+    else:  # a long JSON list: numpy's conversion and the checks hold the interpreter
+        arr = await asyncio.to_thread(_input_tensor, body, binary, state.settings.max_images)
+    x = to_model_input(arr, body["inputs"][0]["datatype"], model, state)
+    columns = await predict_tensor(state, model, x, options, timeout_s)
+    tensors = output_tensors(columns, n_classes)
+    response: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+    if "id" in body:
+        response["id"] = body["id"]
+    if review != "never":  # the queue is on: queue what it chose, as /v1/predict does
+        pixels = arr if body["inputs"][0]["datatype"] == "UINT8" else None
+        said = await queue_tensor_answers(
+            state, model, review, columns, pixels, options.abstain_k, request.headers
+        )
+        if said:
+            response["parameters"] = said
+    return _encode(response, tensors, binary_wanted, names)
+
+
+async def model_infer(name: str, request: Request) -> Response:
+    """Inference on an image batch."""
+    state = service_state(request)  # not the State dependency: see service_state
+    return await _infer(state.model(name), request, state)
+
+
+# The request in, the Response out, past FastAPI (routes/direct.py): _infer parses and encodes.
+add_direct_route(router, "/models/{name}/infer", model_infer)
+
+
+async def model_version_infer(name: str, version: str, request: Request) -> Response:
+    """Inference on an explicit model version."""
+    state = service_state(request)
+    return await _infer(versioned_model(state, name, version), request, state)
+
+
+add_direct_route(router, "/models/{name}/versions/{version}/infer", model_version_infer)

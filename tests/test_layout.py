@@ -1,0 +1,190 @@
+"""The layout of ``service/`` and ``models/`` read from their imports (issue 26): packages named for
+the process that runs them, no import circle, no module importing another's private names.
+
+- ``service.common`` (both processes) imports neither ``service.engine`` nor ``service.frontend``
+  nor what sits above them (the supervisor, the CLI);
+- ``service.engine`` imports nothing of the front ends or the web app (FastAPI, Starlette,
+  uvicorn); ``service.frontend`` imports nothing of the engine;
+- every import counts, including those inside functions (a lazy import still binds the layers).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = ("service", "models")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for root in ROOTS:
+        for path in sorted((REPO / root).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+MODULES = _modules()
+
+# models/evaluation and models/training/outliers are being reworked on main (the OOD suite,
+# outlier exposure); these wait for that merge
+# (issue 26): a public home for the split loader and forward pass, and UNCERTAINTY_SCORES out of
+# the package's __init__. Anything else that appears fails.
+KNOWN_PRIVATE = {
+    ("models/evaluation/recalibrate.py", "_forward_all"),
+    ("models/evaluation/recalibrate.py", "_load_split"),
+}
+KNOWN_CIRCLE_EDGES = {
+    ("models.evaluation.ood_suite", "models.evaluation"),
+    (
+        "models.training.outliers",
+        "models.training.step",
+    ),  # a lazy import; outlier exposure is new on main
+}
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` except what sits under ``if TYPE_CHECKING:`` (never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            test = child.test if isinstance(child, ast.If) else None
+            if test is not None and "TYPE_CHECKING" in ast.unparse(test):
+                todo.extend(child.orelse)
+                continue
+            todo.append(child)
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import in ``path``, relative ones
+    resolved."""
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, [], node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                if path.name != "__init__.py":
+                    base.pop()
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            yield target, [alias.name for alias in node.names], node.lineno
+
+
+def _edges() -> dict[str, set[str]]:
+    """Module → project modules it imports (``from pkg import sub`` counts as importing pkg.sub)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        deps = graph.setdefault(name, set())
+        for target, names, _ in _imports(name, path):
+            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES]
+            if subs:
+                deps.update(subs)
+            elif target in MODULES and target != name:
+                deps.add(target)
+    return graph
+
+
+def test_no_private_name_crosses_modules() -> None:
+    crossings = []
+    for name, path in MODULES.items():
+        for target, names, line in _imports(name, path):
+            if not target.startswith(ROOTS) or target == name:
+                continue
+            for n in names:
+                where = str(path.relative_to(REPO))
+                if n.startswith("_") and not n.startswith("__") and (where, n) not in KNOWN_PRIVATE:
+                    crossings.append(f"{where}:{line} imports {n} from {target}")
+    assert not crossings, "\n".join(crossings)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return [*stack[stack.index(dep) :], dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_import_graph_has_no_circle() -> None:
+    graph = _edges()
+    for a, b in KNOWN_CIRCLE_EDGES:
+        graph[a].discard(b)
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+FORBIDDEN = {
+    "service.common": ("service.engine", "service.frontend", "service.supervisor", "service.cli",
+                       "service.backlog", "fastapi", "starlette", "uvicorn"),
+    "service.engine": ("service.frontend", "fastapi", "starlette", "uvicorn"),
+    "service.frontend": ("service.engine",),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_process_packages_keep_to_their_side(package: str) -> None:
+    assert any(m.startswith(f"{package}.") for m in MODULES), f"{package} has no modules"
+    wrong = []
+    for name, path in MODULES.items():
+        if name != package and not name.startswith(f"{package}."):
+            continue
+        for target, _, line in _imports(name, path):
+            for banned in FORBIDDEN[package]:
+                if target == banned or target.startswith(f"{banned}."):
+                    wrong.append(f"{path.relative_to(REPO)}:{line} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_service_top_level_is_small() -> None:
+    """Beside the process packages, only the supervisor (and what it runs itself) and the CLI."""
+    top = sorted(p.name for p in (REPO / "service").iterdir() if p.suffix == ".py")
+    assert top == ["__init__.py", "backlog.py", "supervisor.py"], top
+
+
+def test_the_engine_process_loads_no_web_app() -> None:
+    """Importing the engine's modules (with everything they import) loads no FastAPI, Starlette or
+    uvicorn: the engine process runs no web app."""
+    import subprocess
+
+    code = (
+        "import sys, service.engine.engine, service.engine.batcher, service.engine.jobs, "
+        "service.engine.model_manager, service.engine.drift; "
+        "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
