@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ctype = f"multipart/form-data; boundary={BOUNDARY}"
     name = f"vge:{args.model}" if args.model else "vge"
     results: dict[str, list[dict[str, float]]] = {args.base: [], "working tree": []}
+    failed: set[str] = set()  # builds that answered errors: their numbers measure failing
     try:
         for r in range(args.rounds):
             for build, tree in ((args.base, base_tree), ("working tree", REPO)):
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                     load = wrk(url, body, ctype, "", args.conc, args.seconds)
                     after = thread_cpu(pid)
                     batch = mean_batch(totals, batch_totals(t.url))
+                    if load["errors"]:
+                        failed.add(build)
                     row = {"req/s": load["rps"], "p99": load["p99"], "batch": batch}
                     row |= cpu_split(before, after, load["rps"] * args.seconds)
                 finally:
@@ -97,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)],
                        check=False)  # fmt: skip
+    if failed:
+        print(f"FAILED: {', '.join(sorted(failed))} answered errors (see the rounds above); no "
+              "comparison", file=sys.stderr)  # fmt: skip
+        return 1
     cols = ["req/s", "p99", "batch", "engine loop", "engine compute", "front ends"]
     print(f"\n{name}, c={args.conc}, {args.rounds} interleaved rounds of {args.seconds:g} s: "
           "median (min–max); CPU in µs per request\n")  # fmt: skip

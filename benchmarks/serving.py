@@ -576,6 +576,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     table = "\n".join(lines)
     print(table)
+    failed = sorted({name for (name, _, _), rs in results.items() if any(x["errors"] for x in rs)})
+    if failed:
+        # A target that answered errors measured how fast it fails, not how fast it serves: no
+        # section is written and the run fails, so no ratio is read off it (benchmarks/gpu.sh).
+        print(f"FAILED: {', '.join(failed)} answered errors (see the rounds above); nothing "
+              "written", file=sys.stderr)  # fmt: skip
+        return 1
     if not args.no_write:
         from benchmarks.report import write_section
 
