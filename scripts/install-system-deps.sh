@@ -4,6 +4,8 @@
 #   postgresql                     a real PostgreSQL server (initdb + postgres in a temp dir) for the
 #                                  shared review queue / job store tests
 #   chromium + chromium-driver     a real headless browser for the reviewer page test
+#   libb64-0d                      libb64.so.0d, which perf_analyzer (in the tritonclient wheel)
+#                                  links; tests/service/test_triton_tools.py runs it
 # Idempotent: installs only what is missing.
 set -euo pipefail
 missing=()
@@ -11,6 +13,7 @@ missing=()
 { command -v initdb || ls /usr/lib/postgresql/*/bin/initdb; } >/dev/null 2>&1 || missing+=(postgresql)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+{ ls /usr/lib/*/libb64.so.0d || ls /lib/*/libb64.so.0d; } >/dev/null 2>&1 || missing+=(libb64-0d)
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi

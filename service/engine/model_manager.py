@@ -103,6 +103,10 @@ def _describe(predictor: Any, generation: int, device: str) -> ModelInfo:
         "abstain_k_by_members": calibrated,
         "metrics": card.metrics,
         "input_shape": list(info.input_shape),
+        # FP32 ``input`` = (pixels / 255 - mean) / std per channel (models.data.normalise_uint8):
+        # what a client needs to build it (V2 metadata and config show the same).
+        "input_mean": [float(m) for m in card.mean],
+        "input_std": [float(s) for s in card.std],
         "created_at": card.created_at,
         "loaded_at": time.time(),
     }

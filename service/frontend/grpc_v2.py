@@ -5,12 +5,16 @@ stubs ship with ``tritonclient[grpc]``). Every front end serves it on the same p
 (``SO_REUSEPORT``: the kernel spreads connections, as for HTTP) and answers through the same path
 as ``POST /v2/models/{name}/infer``: the same input checks (``images`` UINT8 pixels or ``input``
 FP32), the same engine, the same outputs as raw little-endian tensors (``raw_output_contents``).
-Implemented: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer; the
-Triton-only RPCs (repository, shared memory, statistics, ...) answer UNIMPLEMENTED.
+Implemented: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelInfer, and
+the Triton extensions stock tools call: ModelConfig, ModelStatistics, RepositoryIndex (the same
+answers as the HTTP routes, from :mod:`service.frontend.v2_core`); RepositoryModelLoad/Unload are
+FAILED_PRECONDITION naming POST /v1/models/promote. The other Triton-only RPCs (shared memory,
+trace, log settings) answer UNIMPLEMENTED with a message, not a traceback in the log.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -25,8 +29,12 @@ from service.frontend.v2_core import (
     OUTPUTS,
     check_input_spec,
     check_parameters,
+    model_config_dict,
     model_metadata_dict,
+    model_statistics,
     output_tensors,
+    repository_control,
+    repository_index,
     review_param,
     to_model_input,
     versioned_model,
@@ -40,6 +48,7 @@ _STATUS = {  # service error -> gRPC status code name
     "QueueFull": "UNAVAILABLE",
     "NotReady": "UNAVAILABLE",
     "DeadlineExceeded": "DEADLINE_EXCEEDED",
+    "RepositoryControlRefused": "FAILED_PRECONDITION",
 }
 
 
@@ -133,6 +142,42 @@ def make_servicer(state: ServiceState) -> Any:
                 ],  # fmt: skip
             )
 
+        async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+            """Triton's model configuration (the dict the HTTP ``/config`` route answers)."""
+            from google.protobuf import json_format
+            from tritonclient.grpc import model_config_pb2
+
+            try:
+                config = model_config_dict(_model(state, request), state.settings)
+            except errors.ServiceError as exc:
+                await _abort(context, exc)
+            return pb.ModelConfigResponse(
+                config=json_format.ParseDict(config, model_config_pb2.ModelConfig())
+            )
+
+        async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+            """Triton's statistics; no name: every served model (this server serves one)."""
+            from google.protobuf import json_format
+
+            try:
+                model = _model(state, request) if request.name else state.model()
+                stats = await asyncio.to_thread(model_statistics, state, model)
+            except errors.ServiceError as exc:
+                await _abort(context, exc)
+            return json_format.ParseDict({"model_stats": [stats]}, pb.ModelStatisticsResponse())
+
+        async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
+            """The served model and the loadable ones (``v2_core.repository_index``)."""
+            index = await asyncio.to_thread(repository_index, state, bool(request.ready))
+            entry = pb.RepositoryIndexResponse.ModelIndex
+            return pb.RepositoryIndexResponse(models=[entry(**m) for m in index])
+
+        async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
+            await _abort(context, repository_control("load"))
+
+        async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
+            await _abort(context, repository_control("unload"))
+
         async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
             try:
                 with state.engine.arrival() as arrival:  # as ServingMiddleware does
@@ -180,6 +225,17 @@ def make_servicer(state: ServiceState) -> Any:
                 out.raw_output_contents.append(np.ascontiguousarray(t).tobytes())
             return out
 
+    async def _unsupported(self: Any, request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "not supported by vge-serve (no shared memory, trace or log settings)",
+        )
+
+    # The base class's stubs raise NotImplementedError, which grpc logs with a traceback: every
+    # RPC this server does not implement answers UNIMPLEMENTED with a message instead.
+    for rpc in dir(pb_grpc.GRPCInferenceServiceServicer):
+        if rpc[0].isupper() and rpc not in Servicer.__dict__:
+            setattr(Servicer, rpc, _unsupported)
     return Servicer()
 
 

@@ -1,7 +1,8 @@
 """The KServe V2 protocol's core, shared by V2 over HTTP (:mod:`service.frontend.routes.v2`) and
 over gRPC (:mod:`service.frontend.grpc_v2`): the outputs and input datatypes, model metadata, the
 version check, the checks of the input spec and request parameters, the review parameter,
-input → model input and packed columns → output tensors.
+input → model input and packed columns → output tensors, and the Triton extensions stock tools
+call (model configuration, repository index, statistics; issue 27).
 
 Both transports call these, so a rule changes in one place (issue 26: the start of the single V2
 core; parsing and encoding still live with each transport).
@@ -9,7 +10,10 @@ core; parsing and encoding still live with each transport).
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +24,7 @@ from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 from service.common.decode import conform_one
 from service.common.errors import BadInput, InvalidValue, NotFound, PayloadTooLarge
 from service.common.model_info import ModelInfo
+from service.common.settings import Settings
 from service.frontend.deps import ServiceState
 from service.frontend.review_queue import ReviewPolicy, review_policy
 
@@ -42,21 +47,279 @@ DTYPES: dict[str, np.dtype[Any]] = {"UINT8": np.dtype(np.uint8), "FP32": np.dtyp
 INPUT_NAMES: dict[str, str] = {"UINT8": "images", "FP32": "input"}
 
 
+#: The layout of the ``images`` input this server documents; NHWC is accepted where unambiguous
+#: (:func:`to_model_input`).
+IMAGE_LAYOUT = "NCHW"
+
+
+def normalisation(model: ModelInfo) -> tuple[list[float], list[float]]:
+    """The card's per-channel mean and std: FP32 ``input`` = (pixels / 255 − mean) / std.
+
+    From the engine's description of the model (``/v1/models`` shows the same); an older engine
+    without them (during a rolling upgrade) gives empty lists."""
+    desc = model.description
+    return list(desc.get("input_mean", [])), list(desc.get("input_std", []))
+
+
+def _input_parameters(model: ModelInfo) -> dict[str, Any]:
+    """What a client needs to build either input, as V2 ``parameters`` (flat strings and numbers
+    where the protocol's parameter types allow; lists as JSON text)."""
+    mean, std = normalisation(model)
+    c, h, w = model.input_shape
+    return {
+        "images_layout": IMAGE_LAYOUT,
+        "images_shape": f"[{c}, {h}, {w}]",
+        "images_note": (
+            f"UINT8 pixels [B, C, H, W] (or [B, H, W], or unambiguous NHWC [B, H, W, C]); C 1, 3 "
+            f"or 4 and any size are converted to the model's [{c}, {h}, {w}] as /v1/predict does"
+        ),
+        "input_datatype": "FP32",
+        "input_shape": f"[{c}, {h}, {w}]",
+        "input_layout": "NCHW",
+        "input_mean": json.dumps(mean),
+        "input_std": json.dumps(std),
+        "input_note": (
+            "FP32 prepared input [B, C, H, W] = (pixels / 255 - input_mean) / input_std per "
+            "channel; pixels merely scaled to [0, 1] are refused (422)"
+        ),
+    }
+
+
 def model_metadata_dict(model: ModelInfo) -> dict[str, Any]:
+    """V2 model metadata: the ``images`` input with its per-image shape (batch first, ``-1``),
+    its layout and the FP32 alternative with its normalisation in ``parameters``.
+
+    ``inputs`` lists ``images`` alone, though a request may carry the FP32 ``input`` instead: a
+    request holds exactly one of the two, and stock tools (perf_analyzer, model_analyzer) send
+    every listed input at once, which no request can be (issue 27). The FP32 input is described
+    in ``parameters`` (``input_datatype``, ``input_shape``, ``input_mean``, ``input_std``)."""
     n_classes = len(model.class_names)
     return {
         "name": model.name,
         "versions": [model.version],
-        "platform": "pytorch_vge",
+        "platform": PLATFORM,
         "inputs": [
-            {"name": INPUT_NAMES["UINT8"], "datatype": "UINT8", "shape": [-1, -1, -1, -1]},
-            {"name": INPUT_NAMES["FP32"], "datatype": "FP32", "shape": [-1, *model.input_shape]},
+            {"name": INPUT_NAMES["UINT8"], "datatype": "UINT8", "shape": [-1, *model.input_shape]},
         ],
         "outputs": [
             {"name": n, "datatype": d, "shape": [-1, n_classes] if n == "probabilities" else [-1]}
             for n, d in OUTPUTS.items()
         ],
-        "parameters": {"classes": list(model.class_names)},
+        "parameters": {"classes": list(model.class_names), **_input_parameters(model)},
+    }
+
+
+#: The platform / backend a Triton client sees.
+PLATFORM = "pytorch_vge"
+
+
+def max_request_images(settings: Settings) -> int:
+    """Images one request may carry (``VGE_MAX_IMAGES``): Triton's ``max_batch_size``, the largest
+    batch dimension a client may send."""
+    return settings.max_images
+
+
+def engine_batch_size(settings: Settings, model: ModelInfo) -> int:
+    """Images per forward pass, as the engine resolves it (Settings.resolved_max_batch_size) from
+    the device it reports, so the front end makes no CUDA call of its own."""
+    if settings.max_batch_size:
+        return settings.max_batch_size
+    return 256 if str(model.description.get("device", "cpu")).startswith("cuda") else 32
+
+
+def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
+    """Triton's model configuration (``model_config.proto`` field names, as Triton's HTTP
+    ``/config`` answers): what perf_analyzer and model_analyzer read before they send a request.
+
+    ``max_batch_size`` is the per-request image limit; ``dims`` exclude the batch dimension. Both
+    inputs are ``optional``: a request carries exactly one of them (``images`` pixels or the
+    prepared ``input``). ``dynamic_batching`` is this server's batcher: its delay and the
+    forward-pass size it fills batches towards."""
+    n_classes = len(model.class_names)
+    dims = list(model.input_shape)
+    mean, std = normalisation(model)
+    data_type = {"UINT8": "TYPE_UINT8", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
+                 "BOOL": "TYPE_BOOL"}  # fmt: skip
+    return {
+        "name": model.name,
+        "platform": PLATFORM,
+        "backend": PLATFORM,
+        # one version served: "latest 1" (Triton's "specific" takes integer versions; this
+        # server's are strings such as "1.0.0", in the metadata's "versions")
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": max_request_images(settings),
+        "input": [
+            {
+                "name": INPUT_NAMES["UINT8"],
+                "data_type": "TYPE_UINT8",
+                "format": "FORMAT_NCHW",
+                "dims": dims,
+                "optional": False,
+            },
+        ],  # fmt: skip
+        "output": [
+            {"name": n, "data_type": data_type[d], "dims": [n_classes]}
+            if n == "probabilities"
+            # a scalar per image: dims [1] reshaped to [] (Triton's way to say [B])
+            else {"name": n, "data_type": data_type[d], "dims": [1], "reshape": {"shape": []}}
+            for n, d in OUTPUTS.items()
+        ],  # fmt: skip
+        "dynamic_batching": {
+            "preferred_batch_size": [engine_batch_size(settings, model)],
+            "max_queue_delay_microseconds": int(round(settings.max_queue_delay_ms * 1000)),
+        },
+        "instance_group": [
+            {
+                "name": model.name,
+                "kind": "KIND_GPU"
+                if str(model.description.get("device", "")).startswith("cuda")
+                else "KIND_CPU",
+                "count": settings.batches_in_flight,
+            }
+        ],  # fmt: skip
+        "parameters": {
+            key: {"string_value": str(value)}
+            for key, value in {
+                **_input_parameters(model),
+                "classes": json.dumps(list(model.class_names)),
+                "batch_wait": settings.batch_wait,
+                "input_mean": json.dumps(mean),
+                "input_std": json.dumps(std),
+            }.items()
+        },
+    }
+
+
+#: What load/unload answer: this server swaps its one model through /v1/models (gated).
+REPOSITORY_CONTROL = (
+    "model {action} through the V2 repository API is not supported: this server serves one model "
+    "and swaps it through the promote gate; use POST /v1/models/promote with "
+    '{{"model": "<directory under models_root, or a shipped model>"}} (an API key is required)'
+)
+
+
+class RepositoryControlRefused(BadInput):
+    """A V2 repository load/unload: a 400 naming the route to use instead (gRPC:
+    FAILED_PRECONDITION), never a 404 or UNIMPLEMENTED."""
+
+    code = "not_supported"
+
+
+def repository_control(action: str) -> RepositoryControlRefused:
+    """The refusal of a repository ``load`` or ``unload``."""
+    return RepositoryControlRefused(REPOSITORY_CONTROL.format(action=action))
+
+
+def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict[str, str]]:
+    """Triton's repository index: the served model (``READY``, or ``UNAVAILABLE`` while the engine
+    is not ready), then every model it could promote: directories under ``models_root`` that hold
+    a model card and the shipped models (``UNAVAILABLE``, the reason saying how to serve one).
+    Loadable entries are named as promote takes them (the directory name); their ``version`` is
+    their card's. ``ready_only``: the served model alone (Triton's ``ready`` flag)."""
+    from models.zoo import zoo_models
+    from service.frontend.routes.health import is_ready
+
+    out: list[dict[str, str]] = []
+    model = state.engine.model
+    if model is not None:
+        ready, why = is_ready(state)
+        out.append({"name": model.name, "version": model.version,
+                    "state": "READY" if ready else "UNAVAILABLE", "reason": "" if ready else str(why)})  # fmt: skip
+    if ready_only:
+        return [m for m in out if m["state"] == "READY"]
+    loadable: dict[str, Path] = {}
+    root = state.settings.models_root
+    try:
+        for d in sorted(root.iterdir()):
+            if (d / "model_card.json").is_file():
+                loadable[d.name] = d
+    except OSError:  # no models_root yet
+        pass
+    from models.zoo import zoo_dir
+
+    for name in zoo_models():
+        loadable.setdefault(name, zoo_dir() / name)
+    served = (model.name, model.version) if model is not None else None
+    for name, d in loadable.items():
+        try:
+            version = str(json.loads((d / "model_card.json").read_text()).get("version", ""))
+        except (OSError, ValueError, AttributeError):
+            version = ""
+        if (name, version) == served:  # the served model's own directory: listed once, READY
+            continue
+        out.append({
+            "name": name, "version": version, "state": "UNAVAILABLE",
+            "reason": f'not loaded; serve it with POST /v1/models/promote {{"model": "{name}"}}',
+        })  # fmt: skip
+    return out
+
+
+def _samples(state: ServiceState) -> dict[tuple[str, str], float]:
+    """The server's Prometheus samples of the batcher's families, summed over all processes (as
+    /metrics aggregates them), by (sample name, model label)."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    else:  # one process (a library user): this process's own registry
+        registry = state.metrics.registry
+    wanted = ("vge_queue_wait_seconds", "vge_compute_seconds", "vge_batch_size", "vge_rejections")
+    out: dict[tuple[str, str], float] = {}
+    for family in registry.collect():
+        if family.name not in wanted:
+            continue
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("model", sample.labels.get("reason", "")))
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def _duration(count: float, seconds: float) -> dict[str, int]:
+    return {"count": int(count), "ns": int(round(seconds * 1e9))}
+
+
+def model_statistics(state: ServiceState, model: ModelInfo) -> dict[str, Any]:
+    """Triton's statistics of the served model, from the counts the engine's batcher keeps for
+    Prometheus (service/common/metrics.py; every process's, aggregated as /metrics does), since
+    the server started, over every protocol (/v1/predict, V2 HTTP and gRPC):
+
+    * ``inference_count``: images computed (``vge_batch_size`` sum); ``execution_count``: batches
+      (forward passes, ``vge_compute_seconds`` count);
+    * ``queue``: requests taken into a batch and their total wait (``vge_queue_wait_seconds``);
+    * ``compute_infer``: that request count, and the batches' total forward + scoring time, each
+      batch counted once (Triton charges each request its batch's whole time, which this server
+      does not record: ns / count here is the compute per request amortised over its batch);
+    * ``success``: the same requests, ns = queue + compute_infer (server-side; front-end decoding
+      and transport excluded);
+    * ``fail``: requests the engine refused (queue full, deadline; ``vge_rejections``), ns 0;
+    * not recorded, so zero: ``last_inference``, ``compute_input``/``compute_output`` (inside
+      compute_infer), cache hits/misses (no cache), ``batch_stats``.
+    """
+    s = _samples(state)
+    m = model.name
+    requests = s.get(("vge_queue_wait_seconds_count", m), 0.0)
+    queue_s = s.get(("vge_queue_wait_seconds_sum", m), 0.0)
+    compute_s = s.get(("vge_compute_seconds_sum", m), 0.0)
+    failed = sum(s.get(("vge_rejections_total", r), 0.0) for r in ("queue_full", "deadline"))
+    zero = _duration(0, 0.0)
+    return {
+        "name": m,
+        "version": model.version,
+        "last_inference": 0,
+        "inference_count": int(s.get(("vge_batch_size_sum", m), 0.0)),
+        "execution_count": int(s.get(("vge_compute_seconds_count", m), 0.0)),
+        "inference_stats": {
+            "success": _duration(requests, queue_s + compute_s),
+            "fail": _duration(failed, 0.0),
+            "queue": _duration(requests, queue_s),
+            "compute_input": zero,
+            "compute_infer": _duration(requests, compute_s),
+            "compute_output": zero,
+            "cache_hit": zero,
+            "cache_miss": zero,
+        },
+        "batch_stats": [],
     }
 
 
@@ -104,10 +367,20 @@ REQUEST_PARAMETERS: tuple[str, ...] = (
 )  # fmt: skip
 
 
+#: Parameters Triton reserves that stock clients send and that mean nothing to this server:
+#: accepted and ignored. perf_analyzer's gRPC client sends ``triton_enable_empty_final_response``
+#: with every request (it matters only for decoupled models, which Triton ignores it for too).
+TRITON_IGNORED_PARAMETERS: tuple[str, ...] = ("triton_enable_empty_final_response",)
+
+
 def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
     """A request's ``abstain_k``, ``vgmu_on`` and ``timeout_s``, checked for HTTP and gRPC alike
     (and that it sends no parameter this server does not read; ``review``: :func:`review_param`)."""
-    unknown = [str(key) for key in params if key not in REQUEST_PARAMETERS]
+    unknown = [
+        str(key)
+        for key in params
+        if key not in REQUEST_PARAMETERS and key not in TRITON_IGNORED_PARAMETERS
+    ]
     if unknown:
         raise BadInput(
             f"unknown request parameter {unknown[0][:64]!r}; this server reads "
@@ -134,11 +407,48 @@ def review_param(state: ServiceState, params: dict[str, Any], headers: Any) -> R
     return review_policy(state, asked, headers)
 
 
+def _check_normalised(x: np.ndarray, model: ModelInfo) -> None:
+    """Refuse (422) FP32 input that is pixels scaled to [0, 1] rather than normalised.
+
+    A normalised image's black pixels are (0 − mean) / std < 0 (−0.42 for the default model), so
+    an image whose values all lie in [0, 1] and vary is, in practice, ``pixels / 255`` sent without
+    the normalisation: the model answered such an image confidently wrong ("8", probability 1.0,
+    no abstain; issue 27), which an uncertainty server must not do silently. A constant image
+    (e.g. all zeros, perf_analyzer's ``--input-data zero``) says nothing either way and is
+    answered."""
+    mean, std = normalisation(model)
+    if not mean:
+        return
+    flat = x.reshape(len(x), -1)
+    lo, hi = flat.min(axis=1), flat.max(axis=1)
+    bad = np.flatnonzero((lo >= 0.0) & (hi <= 1.0) & (hi > lo))
+    if bad.size:
+        i = int(bad[0])
+        black = [round((0.0 - m) / s, 4) for m, s in zip(mean, std, strict=True)]
+        raise InvalidValue(
+            f"FP32 input {i} looks like pixels scaled to [0, 1] (min {float(lo[i]):.3g}, max "
+            f"{float(hi[i]):.3g}, mean {float(flat[i].mean()):.3g}), not the model's normalised "
+            f"input: send (pixels / 255 - mean) / std per channel with mean {mean} and std {std} "
+            f"(black pixels become {black}), or send the raw pixels as UINT8 'images'"
+        )
+
+
 def to_model_input(
     arr: np.ndarray, dtype: str, model: ModelInfo, state: ServiceState
 ) -> torch.Tensor:
-    """uint8 pixels conformed to the model's channels and size, or the FP32 input as given."""
+    """uint8 pixels conformed to the model's channels and size, or the FP32 input as given.
+
+    UINT8 layout: ``[B, C, H, W]`` (NCHW, the documented one) when dim 1 is a channel count (1,
+    3 or 4), else ``[B, H, W, C]`` (NHWC, as numpy/PIL images stack) when the last dim is one;
+    neither is a 400 naming the expected layout. ``[B, H, W]`` is grayscale."""
     settings = state.settings
+    if (
+        dtype == "UINT8"
+        and arr.ndim == 4
+        and arr.shape[1] not in (1, 3, 4)
+        and arr.shape[3] in (1, 3, 4)
+    ):
+        arr = arr.transpose(0, 3, 1, 2)  # NHWC, unambiguous: dim 1 cannot be channels
     if arr.shape[-1] * arr.shape[-2] > settings.max_image_pixels:
         raise PayloadTooLarge(
             f"images of {arr.shape[-1]}x{arr.shape[-2]} pixels exceed the limit of "
@@ -150,12 +460,17 @@ def to_model_input(
                 f"FP32 input shape {list(arr.shape)} does not match the model input "
                 f"[B, {', '.join(map(str, model.input_shape))}]; send raw pixels as UINT8 instead"
             )
+        _check_normalised(arr, model)
         return torch.from_numpy(np.ascontiguousarray(arr))
     images = torch.from_numpy(np.ascontiguousarray(arr))
     if images.ndim == 3:
         images = images.unsqueeze(1)
     if images.shape[1] not in (1, 3, 4):
-        raise BadInput(f"UINT8 input has {images.shape[1]} channels; use 1, 3 or 4 ([B, C, H, W])")
+        raise BadInput(
+            f"UINT8 input of shape {list(arr.shape)} has {images.shape[1]} channels in NCHW and "
+            f"{images.shape[3]} in NHWC: send [B, C, H, W] (NCHW; the model's is "
+            f"[B, {', '.join(map(str, model.input_shape))}]) or [B, H, W, C] with C 1, 3 or 4"
+        )
     if tuple(images.shape[1:]) == model.input_shape:
         return images
     return torch.stack(

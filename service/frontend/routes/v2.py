@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from service.common.errors import BadInput, PayloadTooLarge
 from service.common.model_info import ModelInfo
@@ -45,8 +46,12 @@ from service.frontend.v2_core import (
     check_input_spec,
     check_parameters,
     is_number,
+    model_config_dict,
     model_metadata_dict,
+    model_statistics,
     output_tensors,
+    repository_control,
+    repository_index,
     review_param,
     to_model_input,
     versioned_model,
@@ -80,6 +85,77 @@ async def ready(state: State) -> JSONResponse:
     """Server readiness (same rule as /readyz)."""
     ok, _ = is_ready(state)
     return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+# Triton's extensions that stock tools call (perf_analyzer, model_analyzer, tritonclient):
+# statistics, model configuration, repository. /models/stats before /models/{name}.
+@router.get("/models/stats")
+async def all_model_statistics(state: State) -> dict[str, Any]:
+    """Statistics of every served model (this server serves one), in Triton's shape:
+    inference/execution counts and cumulative queue/compute times since start (see
+    ``v2_core.model_statistics`` for what each field counts)."""
+    model = state.model()
+    return {"model_stats": [await asyncio.to_thread(model_statistics, state, model)]}
+
+
+@router.get("/models/{name}/stats")
+async def model_stats(name: str, state: State) -> dict[str, Any]:
+    """Statistics of the model (Triton's shape)."""
+    model = state.model(name)
+    return {"model_stats": [await asyncio.to_thread(model_statistics, state, model)]}
+
+
+@router.get("/models/{name}/versions/{version}/stats")
+async def model_version_stats(name: str, version: str, state: State) -> dict[str, Any]:
+    """Statistics of an explicit model version (404 for a version this server does not serve)."""
+    model = versioned_model(state, name, version)
+    return {"model_stats": [await asyncio.to_thread(model_statistics, state, model)]}
+
+
+@router.get("/models/{name}/config")
+async def model_config(name: str, state: State) -> dict[str, Any]:
+    """The model's configuration in Triton's schema (``model_config.proto`` field names):
+    ``max_batch_size`` (images per request), inputs with data type, NCHW format and dims without
+    the batch dimension, outputs, ``dynamic_batching`` (the batcher's delay and batch size),
+    version policy, and the FP32 input's normalisation in ``parameters``."""
+    return model_config_dict(state.model(name), state.settings)
+
+
+@router.get("/models/{name}/versions/{version}/config")
+async def model_version_config(name: str, version: str, state: State) -> dict[str, Any]:
+    """The configuration of an explicit model version."""
+    return model_config_dict(versioned_model(state, name, version), state.settings)
+
+
+class RepositoryIndexRequest(BaseModel):
+    """Triton's repository index request: ``ready`` true lists only the models ready to serve."""
+
+    model_config = ConfigDict(extra="forbid")
+    ready: StrictBool = False
+
+
+@router.post("/repository/index")
+async def repository_index_route(
+    state: State, body: Annotated[RepositoryIndexRequest | None, Body()] = None
+) -> list[dict[str, str]]:
+    """The served model (``READY``) and the models it can promote (directories under
+    models_root, shipped models; ``UNAVAILABLE``, the reason says how), as Triton's index."""
+    ready_only = body.ready if body is not None else False
+    return await asyncio.to_thread(repository_index, state, ready_only)
+
+
+# Load and unload exist so a stock client gets a clear 400 naming the route to use (not a 404);
+# they are not offered in the OpenAPI document, since no request to them can succeed.
+@router.post("/repository/models/{name}/load", include_in_schema=False)
+async def repository_load(name: str) -> None:
+    """Refused: swap models with POST /v1/models/promote."""
+    raise repository_control("load")
+
+
+@router.post("/repository/models/{name}/unload", include_in_schema=False)
+async def repository_unload(name: str) -> None:
+    """Refused: this server always serves one model."""
+    raise repository_control("unload")
 
 
 @router.get("/models/{name}")
