@@ -30,7 +30,9 @@ def test_grpc_infer_equals_http_v2(grpc_server: tuple[Server, int], mnist) -> No
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("tiny")
     meta = client.get_model_metadata("tiny")
-    assert meta.name == "tiny" and [i.name for i in meta.inputs] == ["images", "input"]
+    # images alone: a request carries exactly one input, and stock tools send every listed one
+    assert meta.name == "tiny" and [i.name for i in meta.inputs] == ["images"]
+    assert list(meta.inputs[0].shape) == [-1, 1, 28, 28]
     assert client.is_model_ready("tiny", meta.versions[0])
     for call in (client.is_model_ready, client.get_model_metadata):  # a version not served
         with pytest.raises(InferenceServerException, match="no version"):
@@ -42,11 +44,13 @@ def test_grpc_infer_equals_http_v2(grpc_server: tuple[Server, int], mnist) -> No
         grpcclient.InferRequestedOutput(n)
         for n in ("probabilities", "prediction", "vgmu", "abstain")
     ]
-    result = client.infer("tiny", [inp], outputs=outs, parameters={"abstain_k": 0.8})
+    # an integer abstain_k: tritonclient 2.41's gRPC client (pinned for its perf_analyzer) sends
+    # bool, int and str parameters only; floats are covered over HTTP (test_v2.py)
+    result = client.infer("tiny", [inp], outputs=outs, parameters={"abstain_k": 2})
     body = {
         "inputs": [{"name": "images", "shape": list(images.shape), "datatype": "UINT8",
                     "data": images.reshape(-1).tolist()}],
-        "parameters": {"abstain_k": 0.8},
+        "parameters": {"abstain_k": 2},
     }  # fmt: skip
     want = {o["name"]: o["data"] for o in httpx.post(
         f"{srv.url}/v2/models/tiny/infer", json=body, timeout=30).json()["outputs"]}  # fmt: skip
@@ -74,4 +78,28 @@ def test_grpc_errors_are_statuses(grpc_server: tuple[Server, int]) -> None:
     with pytest.raises(InferenceServerException, match="unknown model") as err:
         client.infer("nope", [ok])
     assert err.value.status() == "StatusCode.NOT_FOUND"
+    client.close()
+
+
+def test_grpc_nhwc_images_and_unnormalised_fp32(grpc_server: tuple[Server, int], mnist) -> None:
+    """The input rules of V2 HTTP over gRPC too: NHWC pixels answered like NCHW, FP32 pixels
+    scaled to [0, 1] without the normalisation INVALID_ARGUMENT with the mean and std, and
+    Triton's ``triton_enable_empty_final_response`` (perf_analyzer sends it) accepted."""
+    _, port = grpc_server
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    images = mnist[0][-3:]
+
+    def predict(arr: np.ndarray, **params: object) -> list[int]:
+        inp = grpcclient.InferInput("images", list(arr.shape), "UINT8")
+        inp.set_data_from_numpy(np.ascontiguousarray(arr))
+        return client.infer("tiny", [inp], parameters=params).as_numpy("prediction").tolist()
+
+    want = predict(images[:, None])
+    assert predict(images[:, :, :, None], triton_enable_empty_final_response=False) == want
+    scaled = (images[:, None] / 255.0).astype(np.float32)
+    inp = grpcclient.InferInput("input", list(scaled.shape), "FP32")
+    inp.set_data_from_numpy(scaled)
+    with pytest.raises(InferenceServerException, match="looks like pixels scaled to") as err:
+        client.infer("tiny", [inp])
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "std" in str(err.value)
     client.close()

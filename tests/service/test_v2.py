@@ -186,3 +186,67 @@ def test_v2_binary_outputs_on_the_wire(server: Server, mnist) -> None:
     want = {o["name"]: o["data"] for o in plain["outputs"]}
     np.testing.assert_allclose(probs.reshape(-1), want["probabilities"], rtol=1e-6)
     assert abstain.tolist() == want["abstain"] and outs["prediction"]["data"] == want["prediction"]
+
+
+def test_v2_metadata_states_layout_shape_and_normalisation(server: Server, tiny_model) -> None:
+    """A client can build either input from the metadata alone: ``images`` [-1, 1, 28, 28] in
+    NCHW, and the FP32 input's mean and std (the card's; /v1/models shows the same). It said
+    [-1, -1, -1, -1] and showed no normalisation."""
+    card = json.loads((tiny_model / "model_card.json").read_text())
+    meta = httpx.get(server.url + "/v2/models/tiny", timeout=10).json()
+    assert meta["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [-1, 1, 28, 28]}]
+    params = meta["parameters"]
+    assert params["images_layout"] == "NCHW" and params["images_shape"] == "[1, 28, 28]"
+    assert params["input_datatype"] == "FP32" and params["input_shape"] == "[1, 28, 28]"
+    assert json.loads(params["input_mean"]) == pytest.approx(card["mean"])
+    assert json.loads(params["input_std"]) == pytest.approx(card["std"])
+    described = httpx.get(server.url + "/v1/models", timeout=10).json()["models"][0]
+    assert described["input_mean"] == pytest.approx(card["mean"])
+    assert described["input_std"] == pytest.approx(card["std"])
+
+
+def test_v2_nhwc_images_are_answered_like_nchw(server: Server, mnist) -> None:
+    """[B, H, W, C] pixels (as numpy/PIL stack images) are unambiguous when dim 1 cannot be a
+    channel count: answered like the same images in NCHW (they were a 400 "28 channels"). Neither
+    layout fitting is a 400 that names both."""
+    client = _client(server)
+    gray = mnist[0][-4:]  # (4, 28, 28)
+    rgb = np.repeat(gray[:, None], 3, axis=1)  # (4, 3, 28, 28): conformed to gray, as /v1/predict
+
+    def predict(arr: np.ndarray) -> list[int]:
+        inp = tritonclient_http.InferInput("images", list(arr.shape), "UINT8")
+        inp.set_data_from_numpy(np.ascontiguousarray(arr))
+        return client.infer("tiny", [inp]).as_numpy("prediction").tolist()
+
+    want = predict(gray[:, None])
+    assert predict(gray[:, :, :, None]) == want  # NHWC, one channel
+    assert predict(rgb) == predict(rgb.transpose(0, 2, 3, 1))  # RGB: NCHW and NHWC alike
+    with pytest.raises(InferenceServerException, match=r"NCHW.*NHWC"):
+        predict(np.zeros((2, 5, 28, 5), np.uint8))
+    client.close()
+
+
+def test_v2_fp32_pixels_not_normalised_are_a_422_with_the_mean_and_std(
+    server: Server, mnist, tiny_model
+) -> None:
+    """FP32 input that is pixels / 255 without the normalisation was answered confidently (the
+    default model said "8" with probability 1.0 and no abstain): now a 422 giving the mean and
+    std to use. The same pixels normalised, and a constant image, are answered."""
+    card = json.loads((tiny_model / "model_card.json").read_text())
+    scaled = (mnist[0][-3:][:, None] / 255.0).astype(np.float32)  # (3, 1, 28, 28) in [0, 1]
+    client = _client(server)
+    inp = tritonclient_http.InferInput("input", list(scaled.shape), "FP32")
+    inp.set_data_from_numpy(scaled)
+    with pytest.raises(InferenceServerException, match="looks like pixels scaled to") as err:
+        client.infer("tiny", [inp])
+    message = str(err.value)
+    assert str(card["mean"]) in message and str(card["std"]) in message, message
+    r = httpx.post(server.url + "/v2/models/tiny/infer", timeout=30, json={"inputs": [
+        {"name": "input", "datatype": "FP32", "shape": [1, 1, 28, 28],
+         "data": scaled[0].reshape(-1).tolist()}]})  # fmt: skip
+    assert r.status_code == 422 and "mean" in r.json()["error"], r.text
+    mean, std = card["mean"][0], card["std"][0]
+    for ok in ((scaled - mean) / std, np.zeros_like(scaled)):
+        inp.set_data_from_numpy(ok.astype(np.float32))
+        assert client.infer("tiny", [inp]).as_numpy("prediction").shape == (3,)
+    client.close()

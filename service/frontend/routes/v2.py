@@ -2,10 +2,15 @@
 
 Input: one image-batch tensor, batch dimension first —
 
-* ``images``, ``UINT8`` ``[B, C, H, W]`` or ``[B, H, W]``: raw pixels, prepared exactly like
-  /v1/predict images;
-* ``input``, ``FP32`` ``[B, Cin, H', W']``: already-prepared model input (the shape in the model
-  metadata).
+* ``images``, ``UINT8`` ``[B, C, H, W]`` (NCHW, the metadata's shape), ``[B, H, W]`` or
+  unambiguous NHWC ``[B, H, W, C]``: raw pixels, prepared exactly like /v1/predict images;
+* ``input``, ``FP32`` ``[B, Cin, H', W']``: already-prepared model input, ``(pixels / 255 - mean)
+  / std`` with the mean and std in the metadata's ``parameters`` (pixels only scaled to [0, 1]
+  are a 422 giving them).
+
+Triton's extensions its tools call: ``/config`` (model configuration), ``/stats`` (statistics),
+``POST /v2/repository/index``; repository load/unload answer 400 naming /v1/models/promote
+(:mod:`service.frontend.v2_core` has the logic, shared with gRPC).
 
 Data as a JSON list or with the binary tensor extension (``Inference-Header-Content-Length``), in
 both directions: outputs requested with ``"parameters": {"binary_data": true}`` (or the request
