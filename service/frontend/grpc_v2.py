@@ -27,6 +27,7 @@ from service.frontend.routes.health import is_ready
 from service.frontend.v2_core import (
     DTYPES,
     OUTPUTS,
+    SERVER_EXTENSIONS,
     check_input_spec,
     check_parameters,
     model_config_dict,
@@ -112,7 +113,7 @@ def make_servicer(state: ServiceState) -> Any:
             from importlib.metadata import version
 
             return pb.ServerMetadataResponse(
-                name="vge-serve", version=version("vge-serve"), extensions=["binary_tensor_data"]
+                name="vge-serve", version=version("vge-serve"), extensions=SERVER_EXTENSIONS
             )
 
         async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802

@@ -43,6 +43,14 @@ OUTPUTS: dict[str, str] = {
 DTYPES: dict[str, np.dtype[Any]] = {"UINT8": np.dtype(np.uint8), "FP32": np.dtype("<f4")}
 
 
+#: The protocol extensions server metadata lists. The statistics routes answer, but
+#: "statistics" is not listed: perf_analyzer reads server statistics only when it is, and then
+#: looks them up under the version as an integer (``std::stoll("1.0.0")`` -> "1", Triton's
+#: versions are integers), finds none for this server's "1.0.0" and stops with "missing
+#: statistics for requested model". Unlisted, it reports client-side numbers and completes.
+SERVER_EXTENSIONS: list[str] = ["binary_tensor_data", "model_configuration"]
+
+
 #: The two inputs, by name: raw pixels or prepared model input.
 INPUT_NAMES: dict[str, str] = {"UINT8": "images", "FP32": "input"}
 
@@ -131,13 +139,13 @@ def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
     """Triton's model configuration (``model_config.proto`` field names, as Triton's HTTP
     ``/config`` answers): what perf_analyzer and model_analyzer read before they send a request.
 
-    ``max_batch_size`` is the per-request image limit; ``dims`` exclude the batch dimension. Both
-    inputs are ``optional``: a request carries exactly one of them (``images`` pixels or the
-    prepared ``input``). ``dynamic_batching`` is this server's batcher: its delay and the
-    forward-pass size it fills batches towards."""
+    ``max_batch_size`` is the per-request image limit; ``dims`` exclude the batch dimension.
+    ``input`` lists ``images`` alone, as the metadata does (:func:`model_metadata_dict`: tools
+    send every listed input); the FP32 ``input`` and its normalisation are in ``parameters``.
+    ``dynamic_batching`` is this server's batcher: its delay and the forward-pass size it fills
+    batches towards; ``instance_group`` its device and batches computed at once."""
     n_classes = len(model.class_names)
     dims = list(model.input_shape)
-    mean, std = normalisation(model)
     data_type = {"UINT8": "TYPE_UINT8", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
                  "BOOL": "TYPE_BOOL"}  # fmt: skip
     return {
@@ -156,7 +164,7 @@ def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
                 "dims": dims,
                 "optional": False,
             },
-        ],  # fmt: skip
+        ],
         "output": [
             {"name": n, "data_type": data_type[d], "dims": [n_classes]}
             if n == "probabilities"
@@ -176,15 +184,13 @@ def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
                 else "KIND_CPU",
                 "count": settings.batches_in_flight,
             }
-        ],  # fmt: skip
+        ],
         "parameters": {
             key: {"string_value": str(value)}
             for key, value in {
                 **_input_parameters(model),
                 "classes": json.dumps(list(model.class_names)),
                 "batch_wait": settings.batch_wait,
-                "input_mean": json.dumps(mean),
-                "input_std": json.dumps(std),
             }.items()
         },
     }

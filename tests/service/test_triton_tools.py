@@ -80,6 +80,7 @@ def _run_perf_analyzer(url: str, protocol: str, *extra: str) -> str:
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "Throughput:" in out and "error" not in out.lower(), out[-4000:]
+    assert "missing statistics" not in out, out[-4000:]  # v2_core.SERVER_EXTENSIONS
     return out
 
 

@@ -48,6 +48,7 @@ from service.frontend.routes.schemas import error_responses
 from service.frontend.v2_core import (
     DTYPES,
     OUTPUTS,
+    SERVER_EXTENSIONS,
     check_input_spec,
     check_parameters,
     is_number,
@@ -75,7 +76,7 @@ async def server_metadata() -> dict[str, Any]:
     return {
         "name": "vge-serve",
         "version": version("vge-serve"),
-        "extensions": ["binary_tensor_data"],
+        "extensions": SERVER_EXTENSIONS,
     }
 
 
