@@ -182,7 +182,7 @@ def _card_get(card: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def _forward_all(predictor: Any, x: Tensor, batch_size: int = 256) -> tuple[Tensor, Tensor | None]:
+def forward_all(predictor: Any, x: Tensor, batch_size: int = 256) -> tuple[Tensor, Tensor | None]:
     """Run the predictor on prepared inputs ``(N, Cin, H, W)`` in batches; stack ``p`` and ``q``."""
     ps, qs = [], []
     for start in range(0, x.shape[0], batch_size):
@@ -203,7 +203,7 @@ def _prepare_all(predictor: Any, images: Tensor) -> Tensor:
 SPLITS = ("test", "val", "holdout", "test+holdout")
 
 
-def _load_split(
+def load_split(
     predictor: Any, split: str, data_root: str | Path | None
 ) -> tuple[Tensor, np.ndarray, str]:
     """Prepared inputs ``(N, Cin, H, W)``, labels and a description of the evaluation split.
@@ -279,8 +279,8 @@ def run_evaluation(
         abstain_k if abstain_k is not None else _card_get(card, "abstain_k", default=1.0)
     )
 
-    x, labels, source = _load_split(predictor, split, data_root)
-    p, q = _forward_all(predictor, x)
+    x, labels, source = load_split(predictor, split, data_root)
+    p, q = forward_all(predictor, x)
     channels = int(_card_get(card, "in_channels", default=x.shape[1]))
     size = tuple(_card_get(card, "input_size", default=tuple(x.shape[2:])))
     suite = None
@@ -289,7 +289,7 @@ def run_evaluation(
         from models.evaluation.ood_suite import ood_suite_metrics, suite_members
 
         suite_images, suite = suite_members(
-            lambda b: _forward_all(predictor, b), lambda u: _prepare_all(predictor, u)
+            lambda b: forward_all(predictor, b), lambda u: _prepare_all(predictor, u)
         )
         p_ood = torch.cat([suite[g][0] for g in FAR_GROUPS])
         q_ood = None if q is None else torch.cat([suite[g][1] for g in FAR_GROUPS])
@@ -299,7 +299,7 @@ def run_evaluation(
         )
     else:
         ood_images = natural_image_patches(OOD_SAMPLES, channels=channels, size=size)
-        p_ood, q_ood = _forward_all(predictor, _prepare_all(predictor, ood_images))
+        p_ood, q_ood = forward_all(predictor, _prepare_all(predictor, ood_images))
         ood_source = "scikit-image sample photographs, 64×64 crops resized to the input"
 
     ev = _evaluate(p, q, labels, p_ood, q_ood, abstain_k=abstain_k)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from models.checkpoint import read_card, save_card
-from models.evaluation import _forward_all, _load_split, evaluate_predictions
+from models.evaluation import evaluate_predictions, forward_all, load_split
 from models.evaluation.calibration import calibrate_served
 
 
@@ -38,11 +38,11 @@ def recalibrate(
         target = float(old.get("target", 0.05))
         target_deferral, target_risk = (target, None) if mode == "deferral" else (None, target)
     predictor = Predictor.from_dir(model_dir, device="cpu")
-    x_val, y_val, _ = _load_split(predictor, "val", None)
-    p_val, q_val = _forward_all(predictor, x_val)
+    x_val, y_val, _ = load_split(predictor, "val", None)
+    p_val, q_val = forward_all(predictor, x_val)
     calib = calibrate_served(p_val, q_val, y_val, target_deferral, target_risk)
-    x_test, y_test, _ = _load_split(predictor, "test", None)
-    p_test, q_test = _forward_all(predictor, x_test)
+    x_test, y_test, _ = load_split(predictor, "test", None)
+    p_test, q_test = forward_all(predictor, x_test)
     evaluation = evaluate_predictions(p_test, q_test, y_test, abstain_k=calib["abstain_k"])
     metrics = dict(card.metrics)
     metrics["evaluation"] = _jsonable(evaluation)
