@@ -99,6 +99,9 @@ def start_server(
             "VGE_TORCH_THREADS": "1",
             "VGE_DECODE_WORKERS": "2",
             "VGE_LOG_LEVEL": "warning",
+            # Stopping a server waits out VGE_DRAIN_S (5 s by default, for load balancers) with
+            # no balancer to wait for: 0 unless a test of the drain sets its own.
+            "VGE_DRAIN_S": "0",
             "PYTHONUNBUFFERED": "1",
         }
     )
