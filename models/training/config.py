@@ -202,13 +202,14 @@ class TrainConfig(ArchitectureSpec):
             return self.loss
         return "mixture" if self.vgn else "members"
 
-    def check_architecture(self) -> None:
+    def check_architecture(self, init_card: ModelCard | None = None) -> None:
         """What can be checked before a run without reading its data, in milliseconds: the
         architecture builds for this config's dataset (:meth:`check_buildable`, when its classes
         and channels are known without reading it; an ImageFolder's are not: its job finds out),
         the ensemble has at most ``LIMITS["parameters"]`` parameters (built on the meta device,
-        no memory), and ``init_from``'s weights fit this run (:func:`.warmstart.check_init`).
-        Raises ``ValueError`` naming the problem."""
+        no memory), and ``init_from``'s weights fit this run (:func:`.warmstart.check_init`;
+        ``init_card``: its card, when the caller has read it already). Raises ``ValueError``
+        naming the problem."""
         from models.data import dataset_shape
 
         shape = dataset_shape(self.dataset)
@@ -227,7 +228,7 @@ class TrainConfig(ArchitectureSpec):
         if self.init_from is not None:
             from .warmstart import check_init
 
-            check_init(self)
+            check_init(self, init_card)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

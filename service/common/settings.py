@@ -6,6 +6,7 @@ a message that says which setting is wrong and how to fix it, not on the first r
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -16,6 +17,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_reviewer_keys(text: str) -> dict[str, str]:
+    """:func:`parse_reviewer_keys`, once per value (key checks run on every review request)."""
+    return parse_reviewer_keys(text)
 
 
 def parse_reviewer_keys(text: str) -> dict[str, str]:
@@ -330,7 +337,7 @@ class Settings(BaseSettings):
         """``VGE_REVIEWER_KEYS`` as key → reviewer name (empty when unset)."""
         if self.reviewer_keys is None:
             return {}
-        return parse_reviewer_keys(self.reviewer_keys.get_secret_value())
+        return _parsed_reviewer_keys(self.reviewer_keys.get_secret_value())
 
     @field_validator("reviewer_key")
     @classmethod

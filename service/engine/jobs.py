@@ -371,7 +371,7 @@ class JobManager:
             # 0.9925 at 0.0003; it serves 0.990): a tenth of it, unless the job says otherwise.
             cfg = cfg.model_copy(update={"lr": cfg.lr * FINE_TUNE_LR_FACTOR})
         try:
-            cfg.check_architecture()
+            cfg.check_architecture(card)
         except ValueError as exc:
             raise InvalidValue(f"invalid training config: {exc}") from None
         return cfg, reviews

@@ -516,9 +516,7 @@ class ModelManager:
                 log.warning("model restore failure resolved: %s now records what is served", action)
                 self.restore_failed = None
             self.metrics.model_restore_failed.set(0)
-            if entry is None:
-                return self._swap(loaded, self._served(None, action, gate=comparison))
-            return self._swap(loaded, self._served(entry, action))
+            return self._swap(loaded, self._served(entry, action, gate=comparison))
 
     async def load_initial(self, first_start: bool = True) -> LoadedModel:
         """The model to serve at an engine start: the newest history entry (restored, after

@@ -132,11 +132,11 @@ class ServingMiddleware:
                 if cap[0] < limit:
                     limit, setting, hint = cap
             if length > limit:
-                await self._reject(
-                    marked_send,
+                too_large = PayloadTooLarge(
                     f"request body of {length} bytes exceeds the limit of {limit} bytes "
-                    f"({setting}); {hint}",
+                    f"({setting}); {hint}"
                 )
+                await self._refuse(marked_send, too_large)
                 return
             arrival = state.engine.arrival() if scoring else None
             counting = None  # the request's place in the arrival count, once inside `arrival`
@@ -152,7 +152,7 @@ class ServingMiddleware:
                             f"request body exceeds the limit of {limit} bytes ({setting}); {hint}"
                         )
                         if not started:
-                            await self._reject(marked_send, text)
+                            await self._refuse(marked_send, PayloadTooLarge(text))
                             capped = True
                         raise BodyOverLimit(text)
                     if counting is not None and not message.get("more_body", False):
@@ -208,8 +208,9 @@ class ServingMiddleware:
         return None
 
     async def _refuse(self, send: Send, exc: ServiceError) -> None:
-        """Answer ``exc`` (a 401/403) without reading the body; the connection closes (what the
-        client still sends is dropped by the front end's lingering close)."""
+        """Answer ``exc`` (a 401/403, or the 413 of a body cap) without reading the body; the
+        connection closes (what the client still sends is dropped by the front end's lingering
+        close)."""
         if exc.reason:
             self.metrics.rejections.labels(reason=exc.reason).inc()
         body = json.dumps(error_body(exc.message, exc.code)).encode()
@@ -220,22 +221,6 @@ class ServingMiddleware:
                 "status": exc.status_code,
                 "headers": [
                     *headers,
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-    async def _reject(self, send: Send, message: str) -> None:
-        self.metrics.rejections.labels(reason="payload_too_large").inc()
-        body = json.dumps(error_body(message, "payload_too_large")).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
                     (b"connection", b"close"),
