@@ -6,6 +6,10 @@
 * :meth:`Predictor.forward` runs prepared inputs and returns CPU tensors (evaluation, tests);
   :meth:`Predictor.run` is the serving forward pass: a list of request inputs (uint8 pixels,
   normalised on the device in one op, or prepared float32) -> device tensors.
+* Every documented pairing works on every device: ``score(forward(x))``,
+  ``score_columns(run(parts), options)`` and ``score_columns(forward(x), options)``. The decision
+  methods take members wherever they live (CPU or the predictor's device) and compute on the
+  predictor's device; their answers are host values (NumPy / JSON-ready).
 * :meth:`Predictor.options` resolves a request's options into a hashable
   :class:`~models.serving.ScoreOptions` (the single place the default ``abstain_k`` is chosen);
   :meth:`Predictor.score_columns` computes the served decision on the device and copies one packed
@@ -261,10 +265,18 @@ class Predictor:
         )
 
     def score_columns(self, out: EnsembleOutput, options: ScoreOptions) -> ScoreColumns:
-        """The served decision for a batch's output, computed on its device, one copy to the host."""
+        """The served decision for a batch's output, computed on this predictor's device, one copy to
+        the host.
+
+        ``out`` may live on the host (:meth:`forward`) or on the device (:meth:`run`): members on
+        another device are moved here first (a no-op for :meth:`run`'s output), so the fused CUDA
+        kernel never sees a CPU tensor (issue 26: ``score(forward(x))`` raised on CUDA).
+        """
         members = out.q if options.members == "q" else out.p
         if members is None:
             raise ValueError("vgmu_on='q' needs a VGN model")
+        if members.device != self.device:
+            members = members.to(self.device)
         # The fused kernel is plain Triton (thread-safe); only compiled torch code takes turns.
         turn = contextlib.nullcontext() if self._fused else self._turn()
         with torch.inference_mode(), turn:

@@ -93,3 +93,28 @@ def test_vge_serve_on_cuda_answers_like_the_library(
                 approx_result(got, library(png, top_k=3))
     finally:
         assert srv.stop() == 0, srv.log()
+
+
+@pytest.mark.parametrize("members", ["p", "q"])
+def test_every_documented_pair_works_on_cuda(
+    pair: tuple[Predictor, Predictor], members: str
+) -> None:
+    """``score(forward(x))`` (host tensors into the CUDA decision; it raised ``Pointer argument
+    cannot be accessed from Triton (cpu tensor?)`` before issue 26), ``score_columns(forward(x))``
+    and ``score_columns(run(parts))`` give the CPU predictor's answers."""
+    cpu, gpu = pair
+    pixels = _pixels(9)
+    x = torch.stack([cpu.prepare(img) for img in pixels])
+    out = gpu.forward(x)
+    assert out.p.device.type == "cpu"  # forward's documented contract: host tensors
+    want = cpu.score(cpu.forward(x), vgmu_on=members, top_k=3)
+    got = gpu.score(out, vgmu_on=members, top_k=3)
+    assert [r["prediction"] for r in got] == [r["prediction"] for r in want]
+    assert [r["abstain"] for r in got] == [r["abstain"] for r in want]
+    np.testing.assert_allclose(
+        [r["vgmu"] for r in got], [r["vgmu"] for r in want], rtol=1e-4, atol=1e-5
+    )
+    opts = cpu.options(vgmu_on=members, top_k=3)
+    want_cols = cpu.score_columns(cpu.run([pixels]), opts).data
+    for columns in (gpu.score_columns(out, opts), gpu.score_columns(gpu.run([pixels]), opts)):
+        np.testing.assert_allclose(columns.data, want_cols, rtol=1e-4, atol=1e-5)
