@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/vge-gpu}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu.log") 2>&1
-# GPU_STEPS picks steps and their order (default all): tests decision serving engine profile cpu,
-# e.g.
+# GPU_STEPS picks steps and their order (default: tests decision serving engine profile cpu; also
+# peer, a short vge-vs-LitServe check, and sweep, benchmarks/oe_sweep.py), e.g.
 #   GPU_STEPS="tests serving" GPU_TESTS=tests/gpu bash benchmarks/gpu.sh
 # GPU_TARGETS: the servers of the serving step (benchmarks.serving --targets; "vge@KEY=VALUE,..."
 # runs vge with VGE_ settings).
@@ -70,6 +70,17 @@ run_profile() {
     timeout 75 $PY -m benchmarks.profile_serve --device cuda --conc 256 --seconds 4 \
       --raw "$OUT/profile-raw.txt"
 }
+run_peer() {
+  step "vge and the LitServe peer on CUDA, one level each (the peer answered only errors before issue 26)"
+  timeout "${PEER_TIMEOUT:-170}" $PY -m benchmarks.serving --targets vge litserve --vge-device cuda \
+    --wrk-threads 4 --levels 64 --batch-levels 16 --rounds 1 --duration 3 --no-write
+}
+run_sweep() {
+  step "outlier-exposure recipe sweep on CUDA (issue 25; benchmarks/oe_sweep.py)"
+  timeout "${SWEEP_TIMEOUT:-250}" $PY -m benchmarks.oe_sweep --device cuda --parallel 7 \
+    --timeout 230 --out /tmp/oe-sweep
+  cp /tmp/oe-sweep/sweep.jsonl "$OUT/" 2>/dev/null || true
+}
 run_cpu() {
   step "vge on the same host's CPU"
   timeout 80 $PY -m benchmarks.serving --targets vge --vge-device cpu --wrk-threads 4 \
@@ -80,8 +91,8 @@ run_cpu() {
 # name is checked before the first runs.
 for s in $STEPS; do
   case $s in
-    tests | decision | serving | engine | profile | cpu) ;;
-    *) echo "unknown step $s (tests decision serving engine profile cpu)"; exit 2 ;;
+    tests | decision | serving | engine | profile | cpu | peer | sweep) ;;
+    *) echo "unknown step $s (tests decision serving engine profile cpu peer sweep)"; exit 2 ;;
   esac
 done
 for s in $STEPS; do "run_$s"; done
