@@ -18,6 +18,10 @@ from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
+# A field's ``json_schema_extra`` for a setting that is no ``vge serve`` flag of its own (derived
+# from another flag, or internal); every other field is one (service/cli/serve.py generates them).
+NO_FLAG: dict[str, bool] = {"cli": False}
+
 
 @functools.lru_cache(maxsize=4)
 def _parsed_reviewer_keys(text: str) -> dict[str, str]:
@@ -67,7 +71,8 @@ class Settings(BaseSettings):
         None,
         description="Directory of the model to serve at the first start; default: the shipped "
         "zoo model. Later starts restore the model history's newest entry (the last promoted or "
-        "rolled-back model) unless model_dir_explicit.",
+        "rolled-back model) unless model_dir_explicit; `vge serve --model-dir` sets that, so as "
+        "a flag it wins over the model history.",
     )
     models_root: Path = Field(
         Path("var/models"),
@@ -79,6 +84,7 @@ class Settings(BaseSettings):
         description="Serve model_dir at this start even when the model history records another "
         "served model (`vge serve --model-dir` sets it). Otherwise model_dir is the model of the "
         "first start only: later starts restore the last started, promoted or rolled-back model.",
+        json_schema_extra=NO_FLAG,
     )
     promote_max_accuracy_drop: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
         0.01,
@@ -104,7 +110,9 @@ class Settings(BaseSettings):
         "only as large as the queue holds: a lone request never waits for more. Compiled (on "
         "CUDA), each power-of-two bucket up to it is compiled at load (9 for 256).",
     )
-    max_queue_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = 5.0
+    max_queue_delay_ms: Annotated[float, Field(ge=0.0, le=10_000.0)] = Field(
+        5.0, description="Longest wait to fill a batch, in milliseconds (see batch_wait)."
+    )
     batches_in_flight: Annotated[int, Field(ge=1, le=8)] = Field(
         1,
         description="Batches the engine computes at once, each on its own thread; a further batch "
@@ -119,22 +127,32 @@ class Settings(BaseSettings):
         "decoding more requests for it (no added latency at low load, fuller batches under "
         "load); always: Triton-style, always wait up to max_queue_delay_ms for a fuller batch.",
     )
-    max_queue_length: Annotated[int, Field(ge=1, le=1_000_000)] = 512
-    request_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 10.0
+    max_queue_length: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        512, description="Queued images before requests are answered 503."
+    )
+    request_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
+        10.0, description="Default per-request deadline in seconds (a request's timeout_s wins)."
+    )
     abstain_k: Annotated[float | None, Field(ge=ABSTAIN_K_MIN, le=ABSTAIN_K_MAX)] = Field(
         None, description="Default abstain_k; unset: the model card's calibrated value, else 1.0."
     )
 
     # --- payload limits ----------------------------------------------------------------------
-    max_payload_bytes: Annotated[int, Field(ge=1024)] = 32 * 1024 * 1024
+    max_payload_bytes: Annotated[int, Field(ge=1024)] = Field(
+        32 * 1024 * 1024, description="Request body limit (32 MiB)."
+    )
     max_score_bytes: Annotated[int, Field(ge=1024)] = Field(
         2 * 1024 * 1024,
         description="Body limit of /v1/score (JSON member probabilities; parsing holds a front "
         "end's interpreter, ~0.3 s per 2 MiB).",
     )
-    max_image_bytes: Annotated[int, Field(ge=64)] = 8 * 1024 * 1024
-    max_image_pixels: Annotated[int, Field(ge=1)] = 4096 * 4096
-    max_images: Annotated[int, Field(ge=1)] = 64
+    max_image_bytes: Annotated[int, Field(ge=64)] = Field(
+        8 * 1024 * 1024, description="Encoded image limit (8 MiB)."
+    )
+    max_image_pixels: Annotated[int, Field(ge=1)] = Field(
+        4096 * 4096, description="Decoded image limit, in pixels (4096 x 4096)."
+    )
+    max_images: Annotated[int, Field(ge=1)] = Field(64, description="Images per request at most.")
     max_json_bytes: Annotated[int, Field(ge=1024)] = Field(
         2 * 1024 * 1024,
         description="Body limit of a V2 infer request's JSON (the whole body, or its JSON header "
@@ -208,7 +226,9 @@ class Settings(BaseSettings):
     )
 
     # --- threads -----------------------------------------------------------------------------
-    decode_workers: Annotated[int, Field(ge=1, le=256)] = 4
+    decode_workers: Annotated[int, Field(ge=1, le=256)] = Field(
+        4, description="Image decoding threads per front end."
+    )
     torch_threads: Annotated[int, Field(ge=0, le=256)] = Field(
         0,
         description="torch intra-op threads for the forward pass; 0: auto (on CPU half the "
@@ -263,7 +283,7 @@ class Settings(BaseSettings):
     )
     reviewer_keys: SecretStr | None = Field(
         None,
-        description="Personal reviewer keys, 'name:key,name:key' (environment only): a label or "
+        description="Personal reviewer keys, 'name:key,name:key': a label or "
         "claim made with one is recorded under its name (reviewer_via 'key'); the shared "
         "reviewer_key records the name the client gives (reviewer_via 'shared_key').",
     )
@@ -275,7 +295,9 @@ class Settings(BaseSettings):
     )
     jobs_dir: Path = Field(Path("var/jobs"), description="Per-job logs.")
     data_root: Path = Field(Path("var/data"), description="Root for datasets (ImageFolder, cache).")
-    max_concurrent_jobs: Annotated[int, Field(ge=1, le=64)] = 1
+    max_concurrent_jobs: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Training jobs run at once."
+    )
     max_queued_jobs: Annotated[int, Field(ge=0, le=1000)] = Field(
         8,
         description="Training jobs that may wait for a free slot (beyond max_concurrent_jobs "
@@ -288,14 +310,19 @@ class Settings(BaseSettings):
         description="On SIGTERM: keep answering (readiness false, Connection: close) this long "
         "before closing the listener, so load balancers move traffic away without errors.",
     )
-    shutdown_grace_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 30.0
+    shutdown_grace_s: Annotated[float, Field(ge=0.0, le=3600.0)] = Field(
+        30.0,
+        description="After drain_s: stop accepting and finish in-flight work within this long.",
+    )
     client_timeout_s: Annotated[float, Field(gt=0.0, le=3600.0)] = Field(
         30.0,
         description="A connection that has sent part of a request, or nothing since it opened, "
         "and then no byte for this long gets a 408 and is closed (slow or stalled clients do not "
         "hold a front end's connections and buffers).",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level."
+    )
 
     @field_validator("device")
     @classmethod

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from service.cli.serve import register, settings_from_args
-from service.common.settings import Settings
+from service.common.settings import NO_FLAG, Settings
 from tests.service.conftest import REPO
 
 
@@ -72,3 +73,77 @@ def test_default_front_ends_leave_a_core_to_the_engine(
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
     assert Settings(workers=0).resolved_workers() == expected
     assert Settings(workers=3).resolved_workers() == 3  # an explicit count is kept
+
+
+def _flag_actions() -> dict[str, argparse.Action]:
+    parser = argparse.ArgumentParser()
+    serve = register(parser.add_subparsers(dest="command"))
+    return {a.option_strings[0]: a for a in serve._actions if a.option_strings != ["-h", "--help"]}
+
+
+def test_every_setting_is_a_flag_and_every_flag_a_setting() -> None:
+    """The flags are generated from Settings: they cannot drift from it. Only fields marked
+    NO_FLAG (derived or internal) have none."""
+    no_flag = {n for n, f in Settings.model_fields.items() if f.json_schema_extra == NO_FLAG}
+    assert no_flag == {"model_dir_explicit"}  # --model-dir sets it
+    actions = _flag_actions()
+    assert {a.dest for a in actions.values()} == set(Settings.model_fields) - no_flag
+    assert set(actions) == {"--" + n.replace("_", "-") for n in Settings.model_fields} - {
+        "--model-dir-explicit"
+    }
+    for action in actions.values():
+        assert action.dest in Settings.model_fields and action.default is None  # env stays
+
+
+def test_help_shows_each_settings_description_env_var_and_default() -> None:
+    for flag, action in _flag_actions().items():
+        field = Settings.model_fields[action.dest]
+        default = field.get_default(call_default_factory=True)
+        shown = "unset" if default is None else str(default)
+        assert field.description, f"{action.dest} needs a description in settings.py"
+        assert action.help is not None
+        assert action.help.endswith(f"(VGE_{action.dest.upper()}; default: {shown})"), flag
+    helps = {flag: a.help for flag, a in _flag_actions().items()}
+    assert "prefer VGE_API_KEY" in str(helps["--api-key"])
+    assert "prefer VGE_REVIEWER_KEYS" in str(helps["--reviewer-keys"])
+    assert "default: 8000" in str(helps["--port"])
+    assert _flag_actions()["--batch-wait"].metavar == "{adaptive,always}"
+    r = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--help"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr  # argparse %-formats help: a stray % would fail here
+    assert "(VGE_PORT; default: 8000)" in " ".join(r.stdout.split())
+
+
+def test_review_queue_alone_means_on_and_model_dir_flag_is_explicit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("VGE_REVIEW_QUEUE", raising=False)
+    monkeypatch.delenv("VGE_MODEL_DIR_EXPLICIT", raising=False)
+    assert settings_from_args(_parse("--review-queue")).review_queue == "on"
+    assert settings_from_args(_parse("--review-queue", "off")).review_queue == "off"
+    monkeypatch.setenv("VGE_MODEL_DIR", str(tmp_path))
+    assert not settings_from_args(_parse()).model_dir_explicit  # the env var: first start only
+    s = settings_from_args(_parse("--model-dir", str(tmp_path)))
+    assert s.model_dir == tmp_path and s.model_dir_explicit
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--port", "abc"], "port: Input should be a valid integer"),
+        (["--port", "70000"], "port: Input should be less than or equal to 65535"),
+        (["--batch-wait", "never"], "batch_wait: Input should be 'adaptive' or 'always'"),
+    ],
+)
+def test_vge_serve_reports_a_bad_flag_value_in_one_line(argv: list[str], words: str) -> None:
+    """The real `vge` CLI: flags are validated by Settings like VGE_* variables; no server
+    starts."""
+    r = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", *argv],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith("vge serve: error: invalid settings: ") and words in r.stderr
