@@ -308,14 +308,9 @@ def served_config(card: ModelCard) -> dict[str, Any]:
 
 def config_error_message(err: ValidationError) -> str:
     """One line describing the first problem of a config ``ValidationError``."""
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "config"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        parts.append(f"{loc}: {msg}")
-    return "invalid training config: " + "; ".join(parts)
+    from models.problems import validation_problems
+
+    return "invalid training config: " + validation_problems(err.errors(), what="config")
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import SecretStr, ValidationError
 
+from models.problems import validation_problems
+
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
@@ -126,11 +128,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or 'settings'}: "
-            f"{err['msg'].removeprefix('Value error, ')}"
-            for err in exc.errors()
-        )
+        problems = validation_problems(exc.errors(), what="settings")
         print(f"vge serve: error: invalid settings: {problems}", file=sys.stderr)
         return 2
     if settings.model_dir is None:

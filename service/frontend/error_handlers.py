@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 
+from models.problems import validation_problems
 from service.common.errors import CLIENT_CLOSED_REQUEST, ServiceError, error_body
 
 log = logging.getLogger("vge.service")
@@ -26,11 +27,7 @@ def _count(request: Request, reason: str | None) -> None:
 
 
 def _format_validation(exc: RequestValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path"))
-        parts.append(f"{loc or 'request'}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
+    return validation_problems(exc.errors(), skip=("body", "query", "path"), max_name=64)
 
 
 #: The operations an OpenAPI path item may hold (its other keys are parameters, summary, ...).

@@ -10,6 +10,7 @@ import torch
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
+from models.problems import validation_problems
 from service.common.decode import b64_images, multipart_images
 from service.common.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.common.settings import Settings
@@ -75,14 +76,9 @@ _BODY_DOC = {
 
 
 def _invalid(exc: ValidationError) -> InvalidValue:
-    """A 422 naming each invalid field; names are cut at 64 characters (an unknown query
-    parameter's name is the client's, of any length: a 10 KB name made a 10 KB error)."""
-
-    def name(loc: tuple[Any, ...]) -> str:
-        text = ".".join(map(str, loc)) or "request"
-        return text if len(text) <= 64 else text[:61] + "..."
-
-    return InvalidValue("; ".join(f"{name(e['loc'])}: {e['msg']}" for e in exc.errors()))
+    """A 422 naming each invalid field (names cut at 64 characters: an unknown query parameter's
+    name is the client's, of any length)."""
+    return InvalidValue(validation_problems(exc.errors(), max_name=64))
 
 
 def _predict_json(raw: bytes, settings: Settings) -> tuple[list[bytes], dict[str, Any]]:
