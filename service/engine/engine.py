@@ -56,7 +56,9 @@ from service.common.wire import (
 )
 
 if TYPE_CHECKING:
+    from models.serving import ScoreColumns
     from service.engine.model_manager import LoadedModel
+    from service.engine.predictor import ServedPredictor
 from service.common.errors import Conflict, InvalidValue
 from service.common.settings import Settings
 from service.common.shm import DTYPES
@@ -214,7 +216,7 @@ class Engine:
         """Requests the connected front ends are decoding for the engine (arena headers)."""
         return sum(arena.arriving for arena in self._clients.values())
 
-    def _monitor(self, generation: int, predictor: Any) -> Any:
+    def _monitor(self, generation: int, predictor: ServedPredictor) -> Any:
         from service.engine.drift import UncertaintyMonitor
 
         monitor = self._monitors.get(generation)
@@ -249,7 +251,7 @@ class Engine:
             if generation != current.info.generation and not monitor.retired:
                 monitor.retire(self._successor(monitor))
 
-    def _observe(self, predictor: Any, columns: Any) -> None:
+    def _observe(self, predictor: ServedPredictor, columns: ScoreColumns) -> None:
         """Batcher hook (event loop, once per scored batch): the model's uncertainty monitor."""
         generation = self.models.generation_of(predictor)
         if generation is not None:
