@@ -30,7 +30,7 @@ from service.common.wire import (
     FrameReader,
     Hello,
     InferRequest,
-    InferResult,
+    InferResults,
     ModelUpdate,
     check_answer,
     encode,
@@ -167,6 +167,17 @@ class EngineClient:
         frames = FrameReader(reader)
         while True:
             for request_id, message in await frames.read():
+                if type(message) is InferResults:  # scoring answers: (request id, rows' bytes)
+                    pending, free = self._pending, self.allocator.free
+                    for rid, rows in message.rows:
+                        entry = pending.pop(rid, None)
+                        if entry is not None:
+                            future, offset = entry
+                            if offset is not None:
+                                free(offset)  # the engine is done with this region
+                            if not future.done():
+                                future.set_result(rows)
+                    continue
                 if type(message) is ModelUpdate:
                     self.model = message.info
                     self._connected.set()
@@ -179,9 +190,7 @@ class EngineClient:
                     self.allocator.free(offset)  # the engine is done with this region
                 if future.done():
                     continue
-                if type(message) is InferResult:  # the per-request answer: its rows' bytes
-                    future.set_result(message.rows)
-                elif type(message) is ErrorReply:
+                if type(message) is ErrorReply:
                     future.set_exception(message.exception())
                 else:  # a command's answer (checked against the command by call())
                     future.set_result(message)

@@ -19,7 +19,7 @@ from service.common.wire import (
     MAX_FRAME,
     FrameReader,
     InferRequest,
-    InferResult,
+    InferResults,
     JobLog,
     ListModelHistory,
     ModelUpdate,
@@ -60,9 +60,13 @@ def test_what_is_put_in_one_loop_iteration_goes_as_one_frame_in_order() -> None:
         outbox = Outbox(writer)
         for i in range(5):
             outbox.put(i, JobLog(f"n={i}"))
+            outbox.put_result(10 + i, b"rows %d" % i)  # scoring answers: one InferResults
         await asyncio.sleep(0)
         outbox.put(0, ModelUpdate(MODEL))  # a later iteration: a second frame
-        assert await read_frame(reader) == [(i, JobLog(f"n={i}")) for i in range(5)]
+        results = InferResults([(10 + i, b"rows %d" % i) for i in range(5)])
+        assert await read_frame(reader) == [(i, JobLog(f"n={i}")) for i in range(5)] + [
+            (0, results)
+        ]
         assert await read_frame(reader) == [(0, ModelUpdate(MODEL))]
         outbox.close()
 
@@ -84,12 +88,12 @@ def test_frames_written_one_by_one_are_read_one_by_one() -> None:
 def test_close_sends_what_waits_and_a_closed_outbox_drops_what_comes_later() -> None:
     async def body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         outbox = Outbox(writer)
-        outbox.put(1, InferResult(b"rows"))
+        outbox.put_result(1, b"rows")
         outbox.close()  # flushes first
-        assert await read_frame(reader) == [(1, InferResult(b"rows"))]
+        assert await read_frame(reader) == [(0, InferResults([(1, b"rows")]))]
         with pytest.raises(asyncio.IncompleteReadError):
             await read_frame(reader)
-        outbox.put(2, InferResult(b"late"))  # the front end is gone: dropped, no error
+        outbox.put_result(2, b"late")  # the front end is gone: dropped, no error
         await asyncio.sleep(0)
 
     _over_a_socket(body)
@@ -205,14 +209,14 @@ def test_the_frame_reader_returns_every_frame_that_has_arrived_in_order() -> Non
         frames = FrameReader(reader)
         reader.feed_data(encode([(1, REQUEST)]) + encode([(2, REQUEST), (3, ListModelHistory(4))]))
         assert await frames.read() == [(1, REQUEST), (2, REQUEST), (3, ListModelHistory(4))]
-        third = encode([(5, InferResult(b"rows" * 100))])
+        third = encode([(5, JobLog("rows" * 100))])
         for cut in (2, 7, len(third) - 1):  # header split, body split, one byte short
             reader.feed_data(third[:cut])
             waiting = asyncio.ensure_future(frames.read())
             await asyncio.sleep(0)
             assert not waiting.done()  # a partial frame is kept, not returned
-            reader.feed_data(third[cut:] + encode([(6, InferResult(b""))]))
-            assert await waiting == [(5, InferResult(b"rows" * 100)), (6, InferResult(b""))]
+            reader.feed_data(third[cut:] + encode([(6, JobLog(""))]))
+            assert await waiting == [(5, JobLog("rows" * 100)), (6, JobLog(""))]
         reader.feed_data(third[:9])
         reader.feed_eof()
         with pytest.raises(asyncio.IncompleteReadError):  # EOF inside a frame
@@ -241,7 +245,7 @@ def _every_message() -> list[wire.Message]:
         wire.Hello("/dev/shm/vge-arena-1", 64 << 20),
         REQUEST,
         InferRequest(2, 4096, "float64", (1, 28, 28), ScoreOptions(0.75, "q", 3), 12.5),  # pickled
-        InferResult(b"\x00" * 72),
+        InferResults([(1, b"\x00" * 72), (2, b"")]),
         ModelUpdate(MODEL),
         wire.ReloadModel(),
         wire.PromoteModel("lenet5", force=True),
