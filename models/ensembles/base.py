@@ -31,6 +31,10 @@ class EnsembleOutput(NamedTuple):
     p: Tensor
     q: Tensor | None
 
+    def rows(self, index: Tensor) -> EnsembleOutput:
+        """The rows ``index`` (a batch index tensor) of both ``p`` and ``q``."""
+        return EnsembleOutput(self.p[index], None if self.q is None else self.q[index])
+
 
 class Ensemble(nn.Module):
     """The contract every ensemble (DE, LLE, MCD, MCD-LLE) keeps.

@@ -1,4 +1,4 @@
-"""What both processes run: the engine ↔ front end wire (:mod:`~service.common.ipc`,
+"""What both processes run: the engine ↔ front end wire (:mod:`~service.common.wire`,
 :mod:`~service.common.shm`, :mod:`~service.common.model_info`), errors, settings, metrics, the
 database and the review store (each process opens its own), image codecs and process helpers.
 

@@ -1,7 +1,7 @@
 """Errors as JSON: every client mistake becomes a 4xx ``{"error": "...", "code": "..."}``.
 
-Routes raise :class:`ServiceError` subclasses (the engine too: they cross the wire by class name,
-service.common.ipc); the handlers registered by
+Routes raise :class:`ServiceError` subclasses (the engine too: they cross the wire as their code,
+:class:`service.common.wire.ErrorCode`); the handlers registered by
 :func:`service.frontend.error_handlers.install_error_handlers` turn them (and FastAPI's validation errors) into JSON responses and
 count rejections by reason. Only a genuine server fault is a 500.
 """

@@ -1,4 +1,4 @@
-"""The served model as a front end knows it: sent by the engine over the wire (service.common.ipc)
+"""The served model as a front end knows it: sent by the engine over the wire (service.common.wire)
 on connect and after every swap; built by the engine's model manager (service.engine.model_manager)."""
 
 from __future__ import annotations

@@ -48,10 +48,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.ensembles import EnsembleOutput
 from models.serving import ScoreColumns, ScoreOptions
 from service.common.errors import DeadlineExceeded, QueueFull
 from service.common.metrics import Metrics, observe_many
+from service.engine.predictor import ServedPredictor
 
 log = logging.getLogger("vge.batcher")
 
@@ -72,7 +72,7 @@ Answer = Callable[[ScoreColumns | None, BaseException | None], None]
 class _Unit:
     """One request in the queue."""
 
-    predictor: Any
+    predictor: ServedPredictor
     model: str
     x: torch.Tensor | np.ndarray  # (n, Cin, H, W) uint8 pixels or float32 prepared input
     options: ScoreOptions
@@ -115,7 +115,7 @@ class Batcher:
         metrics: Metrics,
         wait_always: bool = False,
         arriving: Callable[[], int] | None = None,
-        on_scored: Callable[[Any, ScoreColumns], None] | None = None,
+        on_scored: Callable[[ServedPredictor, ScoreColumns], None] | None = None,
         in_flight: int = 1,
     ) -> None:
         if in_flight < 1:
@@ -133,7 +133,8 @@ class Batcher:
         self.metrics = metrics
         self._pending: deque[_Unit] = deque()
         self._rows = 0
-        self._rows_by: dict[Any, int] = {}  # predictor -> rows queued for it (O(1) fullness)
+        # predictor -> rows queued for it (O(1) fullness)
+        self._rows_by: dict[ServedPredictor, int] = {}
         self._model_rows: dict[str, int] = {}  # model name -> rows queued (its queue-depth gauge)
         # Arrivals wake the batch loop only once this many rows are queued: 0 (every arrival)
         # except while a batch computes and the next may start only when full (in_flight > 1).
@@ -223,7 +224,7 @@ class Batcher:
 
     def enqueue(
         self,
-        predictor: Any,
+        predictor: ServedPredictor,
         model: str,
         x: torch.Tensor | np.ndarray,
         options: ScoreOptions,
@@ -266,7 +267,7 @@ class Batcher:
 
     async def submit(
         self,
-        predictor: Any,
+        predictor: ServedPredictor,
         model: str,
         x: torch.Tensor,
         options: ScoreOptions,
@@ -338,11 +339,11 @@ class Batcher:
             self._wakeup.set()
 
     # ------------------------------------------------------------------ batch loop
-    def _rows_for(self, predictor: Any) -> int:
+    def _rows_for(self, predictor: ServedPredictor) -> int:
         """Rows queued for ``predictor`` (kept as a count: the batch loop asks on every wake-up)."""
         return self._rows_by.get(predictor, 0)
 
-    def _untrack(self, predictor: Any, model: str, rows: int) -> None:
+    def _untrack(self, predictor: ServedPredictor, model: str, rows: int) -> None:
         """Rows of ``predictor`` (serving ``model``) left the queue; its gauge follows."""
         left = self._rows_by.get(predictor, 0) - rows
         if left > 0:
@@ -354,7 +355,7 @@ class Batcher:
             self._model_rows[model] = left
         self._queue_depth(model).set(max(left, 0))
 
-    def _take(self, predictor: Any) -> list[_Unit]:
+    def _take(self, predictor: ServedPredictor) -> list[_Unit]:
         """Remove and return up to ``max_batch_size`` rows of ``predictor``'s requests, in order.
 
         Other models' requests met on the way (during a swap) keep their places at the front.
@@ -459,6 +460,8 @@ class Batcher:
     def _compute(batch: list[_Unit]) -> tuple[list[tuple[bool, Any]], list[ScoreColumns]]:
         """Worker thread: one forward pass, then one scoring call per distinct option set.
 
+        The predictor's output goes to scoring as it is when the batch has one option set (the
+        common case); a group of a mixed batch is scored on its rows (``EnsembleOutput.rows``).
         Returns each unit's ``(ok, rows or error)`` and every option group's scored columns.
         """
         predictor = batch[0].predictor
@@ -479,7 +482,7 @@ class Batcher:
                 index = torch.as_tensor(
                     np.concatenate([np.arange(i, j) for _, i, j in spans]), device=out.p.device
                 )
-                part = EnsembleOutput(out.p[index], None if out.q is None else out.q[index])
+                part = out.rows(index)
             try:
                 columns = predictor.score_columns(part, options)
             except Exception as exc:  # noqa: BLE001 - delivered to these requests only

@@ -1,6 +1,6 @@
 """The engine process: one per device; owns the model, the batcher, the forward pass and scoring.
 
-Front ends connect over a Unix socket (:mod:`service.common.ipc`) and hand over requests whose images
+Front ends connect over a Unix socket (:mod:`service.common.wire`) and hand over requests whose images
 already sit in their shared-memory arena (:mod:`service.common.shm`). The engine batches across *all*
 front ends (:class:`service.engine.batcher.Batcher`), runs ``Predictor.run`` (normalisation on the device,
 forward) and ``Predictor.score_columns`` (the served decision on the device, one copy back), and
@@ -21,10 +21,44 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from service.common.ipc import FrameReader, InferRequest, Outbox, RemoteError, read_frame
+from service.common.wire import (
+    Answer,
+    CancelJob,
+    Command,
+    ErrorReply,
+    FrameReader,
+    GetJob,
+    Hello,
+    HistoryEntries,
+    InferRequest,
+    JobList,
+    JobLog,
+    JobLogs,
+    JobRecord,
+    JSONObject,
+    ListJobs,
+    ListModelHistory,
+    ModelServed,
+    ModelUpdate,
+    Outbox,
+    PromoteJob,
+    PromoteModel,
+    PromoteRefusal,
+    ReloadModel,
+    RollbackModel,
+    SubmitJob,
+    read_frame,
+)
+
+if TYPE_CHECKING:
+    from models.serving import ScoreColumns
+    from service.engine.model_manager import LoadedModel
+    from service.engine.predictor import ServedPredictor
+from service.common.errors import Conflict, InvalidValue
 from service.common.settings import Settings
 from service.common.shm import DTYPES
 
@@ -181,7 +215,7 @@ class Engine:
         """Requests the connected front ends are decoding for the engine (arena headers)."""
         return sum(arena.arriving for arena in self._clients.values())
 
-    def _monitor(self, generation: int, predictor: Any) -> Any:
+    def _monitor(self, generation: int, predictor: ServedPredictor) -> Any:
         from service.engine.drift import UncertaintyMonitor
 
         monitor = self._monitors.get(generation)
@@ -216,7 +250,7 @@ class Engine:
             if generation != current.info.generation and not monitor.retired:
                 monitor.retire(self._successor(monitor))
 
-    def _observe(self, predictor: Any, columns: Any) -> None:
+    def _observe(self, predictor: ServedPredictor, columns: ScoreColumns) -> None:
         """Batcher hook (event loop, once per scored batch): the model's uncertainty monitor."""
         generation = self.models.generation_of(predictor)
         if generation is not None:
@@ -252,7 +286,7 @@ class Engine:
         current = self.models.current
         if current is not None:
             for outbox in list(self._clients):
-                outbox.put(("model", 0, current.info))
+                outbox.put(0, ModelUpdate(current.info))
 
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -260,7 +294,7 @@ class Engine:
         """One front end's connection: its hello, then frames of requests until it goes away.
 
         Scoring requests are queued synchronously (no task per request) and answered through
-        the connection's :class:`~service.common.ipc.Outbox`; admin calls run as tasks.
+        the connection's :class:`~service.common.wire.Outbox`; admin commands run as tasks.
         """
         from service.common.shm import Arena
 
@@ -269,25 +303,29 @@ class Engine:
         calls: set[asyncio.Task[None]] = set()
         arena: Arena | None = None
         try:
-            (kind, _, hello), *_ = await read_frame(reader)
-            if kind != "hello":
-                raise ValueError(f"expected hello, got {kind!r}")
-            arena = Arena(hello["arena"], hello["size"])
+            (_, hello), *_ = await read_frame(reader)
+            if not isinstance(hello, Hello):
+                raise ValueError(f"expected Hello, got {type(hello).__name__}")
+            arena = Arena(hello.arena, hello.size)
             self._clients[outbox] = arena
             current = self.models.current
             if current is not None:
-                outbox.put(("model", 0, current.info))
+                outbox.put(0, ModelUpdate(current.info))
             frames = FrameReader(reader)
             while True:
-                for kind, request_id, payload in await frames.read():
-                    if kind == "infer":
-                        self._infer(outbox, arena, inflight, request_id, payload)
-                    elif kind == "call":
-                        task = asyncio.create_task(self._call(outbox, request_id, *payload))
+                for request_id, message in await frames.read():
+                    if type(message) is InferRequest:  # the per-request path: checked first
+                        self._infer(outbox, arena, inflight, request_id, message)
+                    elif isinstance(message, Command):
+                        task = asyncio.create_task(self._call(outbox, request_id, message))
                         calls.add(task)
                         task.add_done_callback(calls.discard)
-                    else:
-                        log.warning("engine: unknown message %r", kind)
+                    else:  # answered, so that its sender does not wait in vain
+                        log.warning("engine: unexpected message %s", type(message).__name__)
+                        self._error(
+                            outbox, request_id,
+                            ValueError(f"the engine takes no {type(message).__name__} message"),
+                        )  # fmt: skip
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end went away (exit or crash)
         except asyncio.CancelledError:
@@ -315,7 +353,7 @@ class Engine:
             if error is None:
                 # Raw float64 bytes, not the array: pickling a NumPy array costs ~3.4 µs per
                 # answer on the event loop, bytes ~0.1 (the front end knows the row count).
-                outbox.put(("ok", request_id, columns.data.tobytes()))
+                outbox.put_result(request_id, columns.data.tobytes())
             else:
                 self._error(outbox, request_id, error)
 
@@ -335,61 +373,88 @@ class Engine:
         """Answer ``request_id`` with ``exc`` (logged unless it is a client's or a 4xx/5xx)."""
         if not isinstance(exc, ValueError) and type(exc).__module__ != "service.common.errors":
             log.error("engine: %s failed", what, exc_info=exc)
-        outbox.put(("error", request_id, RemoteError.of(exc)))
+        outbox.put(request_id, ErrorReply.of(exc))
 
-    async def _call(
-        self, outbox: Outbox, request_id: int, method: str, kwargs: dict[str, Any]
-    ) -> None:
+    async def _call(self, outbox: Outbox, request_id: int, command: Command[Answer]) -> None:
         try:
-            result = await self._dispatch(method, kwargs)
-            outbox.put(("ok", request_id, result))
+            outbox.put(request_id, await self._dispatch(command))
         except Exception as exc:  # noqa: BLE001
-            self._error(outbox, request_id, exc, method)
+            self._error(outbox, request_id, exc, type(command).__name__)
 
-    async def _dispatch(self, method: str, kwargs: dict[str, Any]) -> Any:
-        """Admin operations that exist once per server (front ends forward them here)."""
-        from service.common.errors import Conflict
+    async def _dispatch(self, command: Command[Answer]) -> Answer:
+        """Run an admin command (what exists once per server; front ends forward it here).
+
+        One case per command type of :data:`~service.common.wire.AdminCommand`; a type with no
+        case (a front end newer than its engine) is an :class:`InvalidValue` naming it.
+        """
+        match command:
+            case ReloadModel():
+                return self._served(await self.models.reload())
+            case PromoteModel(name=name, force=force):
+                return await self._promote(self.models.promote(name, force=force))
+            case PromoteJob(job_id=job_id, force=force):
+                return await self._promote(self._load_job_model(job_id, force))
+            case RollbackModel(to=to):
+                return self._served(await self.models.rollback(to))
+            case ListModelHistory(limit=limit):
+                assert self.models.history is not None
+                entries = await asyncio.to_thread(self.models.history.entries, limit)
+                return HistoryEntries(_json_list(entries))
+            case SubmitJob(config=config):  # without an architecture: retrain the served model
+                served = self.models.current
+                job = await asyncio.to_thread(
+                    self.jobs.submit, config, served.model_dir if served else None
+                )
+                return JobRecord(_json(job))
+            case ListJobs(limit=limit):
+                return JobList(_json_list(await asyncio.to_thread(self.jobs.list, limit)))
+            case GetJob(job_id=job_id):
+                return JobRecord(_json(await asyncio.to_thread(self.jobs.get, job_id)))
+            case CancelJob(job_id=job_id):
+                return JobRecord(_json(await asyncio.to_thread(self.jobs.cancel, job_id)))
+            case JobLogs(job_id=job_id, tail=tail):
+                return JobLog(await asyncio.to_thread(self.jobs.logs, job_id, tail))
+            case _:
+                raise InvalidValue(
+                    f"unknown engine command {type(command).__name__}: this engine does not "
+                    "run it (is the front end newer than the engine?)"
+                )
+
+    async def _load_job_model(self, job_id: str, force: bool) -> LoadedModel:
+        """Load a succeeded job's model through the promote gate (a 409 for any other job)."""
+        job = await asyncio.to_thread(self.jobs.get, job_id)
+        if job["state"] != "succeeded" or not job.get("model_dir"):
+            raise Conflict(f"job {job_id} is {job['state']}, not succeeded; nothing to promote")
+        return await self.models.load_checked(
+            Path(job["model_dir"]), "promote_job", gate=True, force=force
+        )
+
+    async def _promote(self, loading: Awaitable[LoadedModel]) -> ModelServed | PromoteRefusal:
+        """A gated swap's answer (model_manager.ModelManager._gate): a refusal is an answer
+        carrying the comparison, which the route turns into a 409 (an ErrorReply carries a
+        message only)."""
         from service.engine.model_manager import PromoteRefused
 
-        if method == "models.reload":
-            loaded = await self.models.reload()
-        elif method in ("models.promote", "models.promote_job"):
-            # Gated (model_manager.ModelManager._gate): a refusal is an answer carrying the
-            # comparison, which the route turns into a 409 (RemoteError carries a message only).
-            force = bool(kwargs.get("force", False))
-            try:
-                if method == "models.promote":
-                    loaded = await self.models.promote(kwargs["name"], force=force)
-                else:
-                    job = await asyncio.to_thread(self.jobs.get, kwargs["job_id"])
-                    if job["state"] != "succeeded" or not job.get("model_dir"):
-                        raise Conflict(
-                            f"job {kwargs['job_id']} is {job['state']}, not succeeded; nothing "
-                            "to promote"
-                        )
-                    loaded = await self.models.load_checked(
-                        Path(job["model_dir"]), "promote_job", gate=True, force=force
-                    )
-            except PromoteRefused as exc:
-                return {"refused": exc.message, "comparison": exc.comparison}
-            self._broadcast_model()
-            return {"model": loaded.info.description}
-        elif method == "models.rollback":
-            loaded = await self.models.rollback(kwargs.get("to"))
-        elif method == "models.history":
-            assert self.models.history is not None
-            return await asyncio.to_thread(self.models.history.entries, kwargs.get("limit", 100))
-        elif method == "jobs.submit":  # a job without an architecture retrains the served model
-            served = self.models.current
-            return await asyncio.to_thread(
-                self.jobs.submit, kwargs["config"], served.model_dir if served else None
-            )
-        elif method in ("jobs.list", "jobs.get", "jobs.cancel", "jobs.logs"):
-            return await asyncio.to_thread(getattr(self.jobs, method.split(".")[1]), **kwargs)
-        else:
-            raise ValueError(f"unknown engine method {method!r}")
+        try:
+            loaded = await loading
+        except PromoteRefused as exc:
+            return PromoteRefusal(exc.message, _json(exc.comparison))
+        return self._served(loaded)
+
+    def _served(self, loaded: LoadedModel) -> ModelServed:
+        """After a swap: every front end learns the model; the command's answer describes it."""
         self._broadcast_model()
-        return loaded.info.description
+        return ModelServed(_json(loaded.info.description))
+
+
+def _json(document: dict[str, Any]) -> JSONObject:
+    """A JSON document the engine built (a job record, a model description) as the wire's type."""
+    return cast(JSONObject, document)
+
+
+def _json_list(documents: list[dict[str, Any]]) -> list[JSONObject]:
+    """JSON documents the engine built, as the wire's type."""
+    return cast(list[JSONObject], documents)
 
 
 def _loop_factory() -> Any:

@@ -46,12 +46,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.checkpoint import MODEL_NAME_PATTERN, WEIGHTS_FILE, CheckpointError, file_sha256
+from models.checkpoint import (
+    MODEL_NAME_PATTERN,
+    WEIGHTS_FILE,
+    CheckpointError,
+    ModelCard,
+    file_sha256,
+)
 from service.common.db import Database
 from service.common.errors import Conflict, InvalidValue, NotFound, NotReady
 from service.common.metrics import Metrics
 from service.common.model_info import ModelInfo
 from service.common.settings import Settings
+from service.engine.predictor import ServedPredictor
 
 log = logging.getLogger("vge.models")
 
@@ -62,7 +69,7 @@ _NAME_RE = re.compile(MODEL_NAME_PATTERN)
 class LoadedModel:
     """A verified, warmed-up predictor in the engine."""
 
-    predictor: Any
+    predictor: ServedPredictor
     model_dir: Path
     info: ModelInfo
 
@@ -75,7 +82,7 @@ def resolve_model_dir(model_dir: Path | None) -> Path:
     return zoo_resolve(model_dir)
 
 
-def _describe(predictor: Any, generation: int, device: str) -> ModelInfo:
+def _describe(predictor: ServedPredictor, generation: int, device: str) -> ModelInfo:
     card = predictor.card
     calibrated = {m: card.abstain_k_for(m) for m in ("p", "q")}
     info = ModelInfo(
@@ -284,7 +291,7 @@ def gate_data() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"test": (images[idx], labels[idx]), "holdout": (held_images, held_labels)}
 
 
-def gate_skip_reason(card: Any) -> str | None:
+def gate_skip_reason(card: ModelCard) -> str | None:
     """Why the gate cannot evaluate ``card``'s model on its digits (None: it can).
 
     The data's labels are the digits 0-9: a model whose classes are not exactly the names
@@ -312,7 +319,7 @@ def _rates(correct: np.ndarray, abstain: np.ndarray) -> dict[str, Any]:
     }
 
 
-def evaluate_for_gate(predictor: Any, batch: int) -> dict[str, Any]:
+def evaluate_for_gate(predictor: ServedPredictor, batch: int) -> dict[str, Any]:
     """Accuracy, accepted-answer accuracy and deferral rate of ``predictor`` on :func:`gate_data`,
     through the serving path (``conform``, ``run``, ``score_columns``) at the card's calibrated
     ``abstain_k`` for its answer members (1.0 when uncalibrated), in batches of ``batch``.
@@ -427,14 +434,14 @@ class ModelManager:
     def current(self) -> LoadedModel | None:
         return self._current
 
-    def generation_of(self, predictor: Any) -> int | None:
+    def generation_of(self, predictor: ServedPredictor) -> int | None:
         """The generation ``predictor`` was loaded as, if it is still current or previous."""
         for loaded in (self._current, self._previous):
             if loaded is not None and loaded.predictor is predictor:
                 return loaded.info.generation
         return None
 
-    def predictor_for(self, generation: int) -> Any:
+    def predictor_for(self, generation: int) -> ServedPredictor:
         """The predictor of ``generation`` (current or previous), else a 503 asking for a retry."""
         for loaded in (self._current, self._previous):
             if loaded is not None and loaded.info.generation == generation:
@@ -596,7 +603,7 @@ class ModelManager:
         return self._swap(loaded, self._served(None, "start", restore_failed=self.restore_failed))
 
     # ------------------------------------------------------------------ the promote gate
-    async def _evaluation(self, predictor: Any) -> dict[str, Any]:
+    async def _evaluation(self, predictor: ServedPredictor) -> dict[str, Any]:
         """:func:`evaluate_for_gate` of ``predictor``, once per model (cached)."""
         card = predictor.card
         key = (card.weights_sha256, card.model_dump_json())

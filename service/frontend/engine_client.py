@@ -16,17 +16,31 @@ import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from models.serving import ScoreColumns, ScoreOptions
 from service.common.errors import NotReady, QueueFull
-from service.common.ipc import FrameReader, InferRequest, RemoteError, encode, encode_message
 from service.common.model_info import ModelInfo
 from service.common.shm import HEADER, Allocator, Arena, nbytes_of
+from service.common.wire import (
+    Command,
+    ErrorReply,
+    FrameReader,
+    Hello,
+    InferRequest,
+    InferResults,
+    ModelUpdate,
+    check_answer,
+    encode,
+    encode_message,
+)
 
 log = logging.getLogger("vge.frontend")
+
+#: The answer type of an admin command (service.common.wire.Command).
+A = TypeVar("A")
 
 RECONNECT_S = 0.05
 #: How long past its deadline a request waits for the engine before giving up (504).
@@ -120,9 +134,7 @@ class EngineClient:
             except OSError:
                 await asyncio.sleep(RECONNECT_S)
                 continue
-            writer.write(
-                encode([("hello", 0, {"arena": self.arena.path, "size": self.arena.size})])
-            )
+            writer.write(encode([(0, Hello(self.arena.path, self.arena.size))]))
             self._writer = writer
             try:
                 await self._read_loop(reader)
@@ -154,9 +166,20 @@ class EngineClient:
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         frames = FrameReader(reader)
         while True:
-            for kind, request_id, payload in await frames.read():
-                if kind == "model":
-                    self.model = payload
+            for request_id, message in await frames.read():
+                if type(message) is InferResults:  # scoring answers: (request id, rows' bytes)
+                    pending, free = self._pending, self.allocator.free
+                    for rid, rows in message.rows:
+                        entry = pending.pop(rid, None)
+                        if entry is not None:
+                            future, offset = entry
+                            if offset is not None:
+                                free(offset)  # the engine is done with this region
+                            if not future.done():
+                                future.set_result(rows)
+                    continue
+                if type(message) is ModelUpdate:
+                    self.model = message.info
                     self._connected.set()
                     continue
                 entry = self._pending.pop(request_id, None)
@@ -167,11 +190,10 @@ class EngineClient:
                     self.allocator.free(offset)  # the engine is done with this region
                 if future.done():
                     continue
-                if kind == "ok":
-                    future.set_result(payload)
-                else:
-                    assert isinstance(payload, RemoteError)
-                    future.set_exception(payload.exception())
+                if type(message) is ErrorReply:
+                    future.set_exception(message.exception())
+                else:  # a command's answer (checked against the command by call())
+                    future.set_result(message)
 
     # ------------------------------------------------------------------ requests
     def current_model(self) -> ModelInfo:
@@ -218,9 +240,11 @@ class EngineClient:
         """Free a region that was never handed to the engine (e.g. a decode error)."""
         self.allocator.free(region.offset)
 
-    def _send(self, kind: str, payload: Any, offset: int | None) -> asyncio.Future[Any]:
-        """Write a message to the engine at once, one frame (see :class:`service.common.ipc.Outbox` for
-        why front ends do not coalesce)."""
+    def _send(
+        self, message: InferRequest | Command[Any], offset: int | None
+    ) -> asyncio.Future[Any]:
+        """Write a message to the engine at once, one frame (see :class:`service.common.wire.Outbox`
+        for why front ends do not coalesce); the future gets its answer."""
         writer = self._writer
         if writer is None:
             raise NotReady(
@@ -229,7 +253,7 @@ class EngineClient:
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (future, offset)
-        writer.write(encode_message((kind, request_id, payload)))
+        writer.write(encode_message(request_id, message))
         return future
 
     async def infer(
@@ -249,17 +273,19 @@ class EngineClient:
         if arrival is not None:
             arrival.sent()  # written just below, with no await in between
         try:
-            future = self._send("infer", request, region.offset)
+            future = self._send(request, region.offset)
         except NotReady:
             self.release(region)
             raise
         data = await _wait(future, timeout_s + ANSWER_GRACE_S)  # the rows' float64 bytes
         return ScoreColumns.from_bytes(data, options.top_k)
 
-    async def call(self, method: str, timeout_s: float = 600.0, **kwargs: Any) -> Any:
-        """Run an admin method in the engine (model swaps, training jobs)."""
+    async def call(self, command: Command[A], timeout_s: float = 600.0) -> A:
+        """Run an admin command in the engine (model swaps, training jobs); its answer, typed
+        by the command (:class:`service.common.wire.Command`), or its error raised."""
         self.current_model()
-        return await _wait(self._send("call", (method, kwargs), None), timeout_s)
+        answer = await _wait(self._send(command, None), timeout_s)
+        return check_answer(command, answer)
 
 
 async def _wait(future: asyncio.Future[Any], timeout_s: float) -> Any:

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Query
 from fastapi.responses import PlainTextResponse
 
+from service.common.wire import CancelJob, GetJob, JobLogs, ListJobs, SubmitJob
 from service.frontend.auth import ApiKey
 from service.frontend.deps import State
 from service.frontend.routes.schemas import error_responses
@@ -43,7 +44,7 @@ async def create_job(
     process). A 422 names what is wrong or out of bounds and writes nothing; a 409 says the
     queue is full (``VGE_MAX_QUEUED_JOBS``). Reviewed images are exported only for an accepted
     job, into its own folder, removed when it ends."""
-    return await state.engine.call("jobs.submit", config=config)
+    return (await state.engine.call(SubmitJob(config))).job
 
 
 @router.get("")
@@ -51,19 +52,19 @@ async def list_jobs(
     _: ApiKey, state: State, limit: Annotated[int, Query(ge=1, le=1000)] = 100
 ) -> dict[str, Any]:
     """Jobs, newest first."""
-    return {"jobs": await state.engine.call("jobs.list", limit=limit)}
+    return {"jobs": (await state.engine.call(ListJobs(limit))).jobs}
 
 
 @router.get("/{job_id}")
 async def get_job(job_id: str, _: ApiKey, state: State) -> dict[str, Any]:
     """State, progress events, metrics, error and model directory of one job."""
-    return await state.engine.call("jobs.get", job_id=job_id)
+    return (await state.engine.call(GetJob(job_id))).job
 
 
 @router.post("/{job_id}/cancel")
 async def cancel_job(job_id: str, _: ApiKey, state: State) -> dict[str, Any]:
     """Cancel a queued or running job (409 when it already finished)."""
-    return await state.engine.call("jobs.cancel", job_id=job_id)
+    return (await state.engine.call(CancelJob(job_id))).job
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse)
@@ -71,4 +72,4 @@ async def job_logs(
     job_id: str, _: ApiKey, state: State, tail: Annotated[int, Query(ge=1, le=100_000)] = 200
 ) -> str:
     """The last ``tail`` lines of the job's training log."""
-    return await state.engine.call("jobs.logs", job_id=job_id, tail=tail)
+    return (await state.engine.call(JobLogs(job_id, tail))).text

@@ -19,6 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from models.checkpoint import MODEL_NAME_PATTERN
 from service.common.errors import InvalidValue, error_body
+from service.common.wire import (
+    ListModelHistory,
+    PromoteJob,
+    PromoteModel,
+    PromoteRefusal,
+    ReloadModel,
+    RollbackModel,
+)
 from service.frontend.auth import ApiKey
 from service.frontend.deps import State
 from service.frontend.routes.schemas import error_responses
@@ -80,7 +88,7 @@ async def reload_model(_: ApiKey, state: State, request: Request) -> dict[str, A
             "reload takes no body: it reloads the served model's directory; to serve another "
             "model use POST /v1/models/promote"
         )
-    return {"status": "reloaded", "model": await state.engine.call("models.reload")}
+    return {"status": "reloaded", "model": (await state.engine.call(ReloadModel())).model}
 
 
 @router.post("/promote")
@@ -91,17 +99,18 @@ async def promote_model(body: PromoteRequest, _: ApiKey, state: State) -> Any:
     ``promote_refused`` with the ``comparison``, unless ``force`` is true. Models whose classes
     are not the digits 0-9 skip the gate (the reason is recorded). The answer's ``gate`` is the
     comparison, also stored in the history entry."""
-    if body.job_id is not None:
-        result = await state.engine.call("models.promote_job", job_id=body.job_id,
-                                         force=body.force)  # fmt: skip
-    else:
-        result = await state.engine.call("models.promote", name=body.model, force=body.force)
-    if "refused" in result:
+    command = (
+        PromoteJob(body.job_id, body.force)
+        if body.job_id is not None
+        else PromoteModel(body.model, body.force)
+    )
+    result = await state.engine.call(command)
+    if isinstance(result, PromoteRefusal):
         return JSONResponse(
-            error_body(result["refused"], "promote_refused", comparison=result["comparison"]),
+            error_body(result.message, "promote_refused", comparison=result.comparison),
             status_code=409,
         )
-    model = result["model"]
+    model = result.model
     return {"status": "promoted", "model": model, "gate": model.get("gate")}
 
 
@@ -120,7 +129,7 @@ async def model_history(
     """Every model this replica chose to serve (start, promote, promote_job, reload, rollback),
     newest first, with the weights' sha256, the promote gate's ``comparison`` and a ``note``.
     The newest entry is what the engine restores after a restart."""
-    return {"history": await state.engine.call("models.history", limit=limit)}
+    return {"history": (await state.engine.call(ListModelHistory(limit))).entries}
 
 
 @router.post("/rollback")
@@ -132,7 +141,8 @@ async def rollback_model(
     422 when the entry's weights are gone or no longer hash to what was recorded. Not gated:
     rollback is the escape hatch when a promoted model disappoints."""
     to = body.to if body is not None else None
-    return {"status": "rolled_back", "model": await state.engine.call("models.rollback", to=to)}
+    model = (await state.engine.call(RollbackModel(to))).model
+    return {"status": "rolled_back", "model": model}
 
 
 @router.get("/{name}")
