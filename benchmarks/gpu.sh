@@ -95,5 +95,12 @@ for s in $STEPS; do
     *) echo "unknown step $s (tests decision serving engine profile cpu peer sweep)"; exit 2 ;;
   esac
 done
-for s in $STEPS; do "run_$s"; done
+# Every step runs even when one fails (a GPU host's time is scarce), but the script fails loudly:
+# each failed step is named at the end and the exit status is 1.
+failed=""
+for s in $STEPS; do "run_$s" || failed="$failed $s"; done
 step done
+if [ -n "$failed" ]; then
+  echo "FAILED steps:$failed (their numbers above are not results)"
+  exit 1
+fi
