@@ -49,14 +49,14 @@ run_tests() {
 }
 run_decision() {
   step served decision kernels
-  timeout 100 $PY -m benchmarks.decision --device cuda --compile; save
+  timeout 100 $PY -m benchmarks.decision --device cuda --compile; local rc=$?; save; return $rc
 }
 run_serving() {
   step "vge on CUDA ($TARGETS; LitServe scaled out: 2 workers, 8 API servers)"
   # shellcheck disable=SC2086 # TARGETS is a list
   timeout 270 $PY -m benchmarks.serving --targets $TARGETS --vge-device cuda \
     --litserve-scale 2 8 --wrk-threads 4 --levels 64 256 --batch-levels 16 64 --rounds 1 \
-    --duration 3 --section "GPU host"; save
+    --duration 3 --section "GPU host"; local rc=$?; save; return $rc
 }
 run_engine() {
   step "the engine alone on CUDA: CPU per single-image request, no HTTP"
@@ -85,7 +85,9 @@ run_cpu() {
   step "vge on the same host's CPU"
   timeout 80 $PY -m benchmarks.serving --targets vge --vge-device cpu --wrk-threads 4 \
     --levels 64 256 --batch-levels 16 --rounds 1 --duration 3 --section "GPU host, vge on its CPU"
+  local rc=$?
   save
+  return $rc
 }
 # The steps run in the order GPU_STEPS names them (put first what must not be cut off); every
 # name is checked before the first runs.
