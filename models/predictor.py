@@ -114,8 +114,13 @@ class Predictor:
             # oneDNN's NHWC convolution kernels: the default model's forward pass is 1.4-2.4x
             # faster on one thread than with NCHW weights (docs/benchmarks.md, "Forward pass on
             # CPU"). Only 4-d weights change layout; inputs stay NCHW (the convolution follows the
-            # weight's format), and answers agree with NCHW to float32 round-off (~1e-6).
-            module = module.to(memory_format=torch.channels_last)
+            # weight's format), and answers agree with NCHW to float32 round-off (~1e-6). Only the
+            # 4-d weights: a deep ensemble's stacked members are 5-d, which channels_last (and so
+            # ``Module.to(memory_format=...)``) refuses.
+            with torch.no_grad():
+                for param in module.parameters():
+                    if param.dim() == 4:
+                        param.data = param.data.contiguous(memory_format=torch.channels_last)
         return cls(module, card, dev)
 
     def _output_members(self) -> int:

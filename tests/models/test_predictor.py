@@ -25,17 +25,19 @@ KEYS = {
 }
 
 
-def _save(d, *, vgn: bool, in_channels: int = 1, size=(28, 28), abstain_k=0.8):
+def _save(
+    d, *, vgn: bool, in_channels: int = 1, size=(28, 28), abstain_k=0.8, ensemble: str = "lle"
+):
     torch.manual_seed(0)
     backbone = "lenet5" if in_channels == 1 else "resnet18"
     kw = {} if in_channels == 1 else {"widths": (4, 8), "blocks": (1, 1)}
-    model = build_ensemble("lle", backbone, 4, 3, vgn, in_channels, backbone_kwargs=kw)
+    model = build_ensemble(ensemble, backbone, 4, 3, vgn, in_channels, backbone_kwargs=kw)
     card = ModelCard(
         name="tiny",
         version="0.0.1",
         backbone=backbone,
         backbone_kwargs=kw,
-        ensemble="lle",
+        ensemble=ensemble,
         members=3,
         vgn=vgn,
         class_names=["a", "b", "c", "d"],
@@ -179,3 +181,19 @@ def test_run_takes_numpy_and_tensor_parts_alike(tmp_path):
     mixed = [x[:3].numpy(), prepared.numpy()]
     got = pred.score_columns(pred.run(mixed), opts).data
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_deep_ensemble_loads_and_answers_as_its_unconverted_module(tmp_path):
+    """A DE's members are stacked (5-d convolution weights), which channels_last refuses: the
+    CPU predictor converts only 4-d weights (a DE failed to load before, in benchmarks.paper)."""
+    from models.checkpoint import load_checkpoint
+
+    pred = _save(tmp_path, vgn=True, ensemble="de")
+    assert any(p.dim() == 5 for p in pred.module.parameters())
+    plain, _ = load_checkpoint(tmp_path, "cpu")
+    x = torch.randn(6, 1, 28, 28)
+    out = pred.forward(x)
+    with torch.inference_mode():
+        want = plain.eval()(x)
+    torch.testing.assert_close(out.q, want.q, rtol=1e-4, atol=1e-5)
+    assert len(pred.score(out)) == 6
