@@ -1,10 +1,11 @@
-"""The shipped model trained to defer on non-digits (``cnn4-lle-vgn-oe-mnist``, outlier
+"""The shipped model trained to defer on non-digits (``cnn4-lle-vgn-oe-mnist`` 2.0.0, outlier
 exposure) meets the abstain targets of issue 25 on the committed sample of the OOD suite
 (models/data/ood-suite-sample.npz, 40 images per group; its card holds the 500-per-group
 numbers), through the library's served path and through a real server. The default
-(``cnn4-lle-vgn-mnist`` 2.0.0) stays the default because the OE model missed the in-distribution
-targets on the test split (see models/zoo/cnn4-lle-vgn-oe-mnist/README.md); its card records the
-suite too, and how far it is from the targets."""
+(``cnn4-lle-vgn-mnist`` 2.0.0) stays the default because the OE model's validation-calibrated k
+defers 5.75 % of the test split, over the in-distribution target's 5 % (see
+models/zoo/cnn4-lle-vgn-oe-mnist/README.md); its card records the suite too, and how far it is
+from the targets."""
 
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ def test_cards_record_the_suite_and_the_oe_model_meets_the_targets() -> None:
         g = suite["groups"][group]
         assert g["n"] == 500 and g["target"] == target and g["meets_target"], (group, g)
     assert suite["far"]["scores"]["vgmu"]["auroc"] >= 0.95
+    assert suite["all"]["scores"]["vgmu"]["auroc"] >= 0.95  # the issue's whole-suite target
+    # On digits (test split, as its README states): accuracy and accepted answers meet the
+    # targets; the served deferral is what keeps it from being the default.
+    ev = card["metrics"]["evaluation"]
+    assert ev["classification"]["accuracy"] >= 0.99
+    assert 1 - ev["abstention"]["accepted_risk"] >= 0.998
 
 
 def _b64_png(img: np.ndarray) -> str:
