@@ -27,7 +27,7 @@ def machine() -> str:
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return (
         f"{cpu}, {os.cpu_count()} logical cores, {dev}; torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads); {_dt.date.today().isoformat()}"
+        f"({_threads(torch.get_num_threads())}); {_dt.date.today().isoformat()}"
     )
 
 
@@ -48,3 +48,7 @@ def write_section(name: str, command: str, body: str) -> None:
     )
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(text)
+
+
+def _threads(n: int) -> str:
+    return "1 thread" if n == 1 else f"{n} threads"
