@@ -116,11 +116,14 @@ class Predictor:
             # CPU"). Only 4-d weights change layout; inputs stay NCHW (the convolution follows the
             # weight's format), and answers agree with NCHW to float32 round-off (~1e-6). Only the
             # 4-d weights: a deep ensemble's stacked members are 5-d, which channels_last (and so
-            # ``Module.to(memory_format=...)``) refuses.
+            # ``Module.to(memory_format=...)``) refuses. ``Tensor.to``, not ``.contiguous``: a
+            # one-channel convolution's weight already counts as channels_last-contiguous, and
+            # ``.contiguous`` kept its NCHW strides, which made the first convolution run NCHW
+            # (the default model's batch of 32 took 1.4x as long; benchmarks.ab caught it).
             with torch.no_grad():
                 for param in module.parameters():
                     if param.dim() == 4:
-                        param.data = param.data.contiguous(memory_format=torch.channels_last)
+                        param.data = param.data.to(memory_format=torch.channels_last)
         return cls(module, card, dev)
 
     def _output_members(self) -> int:
