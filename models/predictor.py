@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from models.checkpoint import ModelCard, load_checkpoint
 from models.data import conform_image, normalise_uint8
+from models.device import resolve_device
 from models.ensembles import EnsembleOutput
 from models.nets.fold import fold_batchnorm
 from models.serving import (
@@ -58,8 +59,8 @@ Decide = Callable[[Tensor, float, int], Tensor]
 
 
 def default_device() -> torch.device:
-    """``cuda`` when available, else ``cpu``."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """CUDA when a GPU is present, else the CPU (:func:`models.device.resolve_device`)."""
+    return resolve_device()
 
 
 def bucket_sizes(max_batch: int) -> tuple[int, ...]:
@@ -100,7 +101,7 @@ class Predictor:
     @classmethod
     def from_dir(cls, model_dir: str | Path, device: str | torch.device | None = None) -> Predictor:
         """Load and verify ``model_dir`` (see :func:`models.checkpoint.load_checkpoint`)."""
-        dev = torch.device(device) if device is not None else default_device()
+        dev = resolve_device(device)
         if dev.type == "cuda":
             # Full float32 convolutions and matmuls (cuDNN allows TF32 by default): a GPU answers
             # what the CPU answers, to float32 round-off, so thresholds calibrated anywhere hold.

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from models.device import resolve_device
+
 from .config import TrainConfig
 
 __all__ = ["Runtime", "barrier", "broadcast_from_main", "runtime", "seed_everything", "wrap_ddp"]
@@ -59,9 +61,7 @@ def runtime(config: TrainConfig) -> Iterator[Runtime]:
     import torch.distributed as dist
 
     rank, world, local_rank = _distributed()
-    use_cuda = (config.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith(
-        "cuda"
-    )
+    use_cuda = resolve_device(config.device).type == "cuda"
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     if use_cuda:

@@ -500,8 +500,6 @@ class Settings(BaseSettings):
 
     def resolved_device(self) -> str:
         """``auto`` resolved to ``cuda`` when a GPU is present, else ``cpu``."""
-        import torch
+        from models.device import resolve_device
 
-        if self.device != "auto":
-            return self.device
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device if self.device != "auto" else str(resolve_device())
