@@ -307,7 +307,7 @@ def served_config(card: ModelCard) -> dict[str, Any]:
 
 
 def config_error_message(err: ValidationError) -> str:
-    """One line describing the first problem of a config ``ValidationError``."""
+    """One line naming every problem of a config ``ValidationError``."""
     from models.problems import validation_problems
 
     return "invalid training config: " + validation_problems(err.errors(), what="config")

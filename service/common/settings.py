@@ -245,7 +245,8 @@ class Settings(BaseSettings):
         None,
         description="One database for the review queue, training-job history and promotion "
         "history: postgresql://user:pass@host/db lets several replicas share them; unset: SQLite "
-        "files (jobs_db_url, review_dir/reviews.sqlite3).",
+        "files (jobs_db_url, review_dir/reviews.sqlite3). The URL may hold a password: prefer "
+        "VGE_DB_URL to the flag, which shows in the process list.",
     )
 
     replica_name: str | None = Field(

@@ -48,6 +48,7 @@ from typing import ClassVar, Generic, TypeAlias, TypeVar, cast
 
 from models.serving import ScoreOptions
 from service.common import errors
+from service.common.db import DatabaseUnavailable
 from service.common.model_info import ModelInfo
 
 #: A JSON value: job configurations, job records, model descriptions and history entries are
@@ -283,7 +284,8 @@ class ErrorCode(enum.Enum):
     Mapped both ways to the error classes (:func:`error_code`, :meth:`error_class`), not looked
     up by class name: an error class's name can change without breaking the wire, and an engine
     newer than its front end that sends a code this one does not know is an internal error
-    (:meth:`parse`), not a crash of the read loop.
+    (:meth:`parse`). A message *type* the other side lacks is another matter: it cannot be
+    unpickled, and the connection is dropped and made again (the engine client reconnects).
     """
 
     BAD_INPUT = "bad_input"
@@ -296,6 +298,7 @@ class ErrorCode(enum.Enum):
     QUEUE_FULL = "queue_full"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     NOT_READY = "not_ready"
+    DATABASE_UNAVAILABLE = "database_unavailable"
     INTERNAL = "internal"
 
     @classmethod
@@ -322,6 +325,9 @@ _ERROR_CLASSES: dict[ErrorCode, type[errors.ServiceError]] = {
     ErrorCode.QUEUE_FULL: errors.QueueFull,
     ErrorCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
     ErrorCode.NOT_READY: errors.NotReady,
+    # A subclass with a code of its own: the engine's job store or model history out of reach is
+    # the same 503 "database_unavailable" as the front end's review store.
+    ErrorCode.DATABASE_UNAVAILABLE: DatabaseUnavailable,
 }
 _ERROR_CODES: dict[type[errors.ServiceError], ErrorCode] = {
     cls: code for code, cls in _ERROR_CLASSES.items()
@@ -549,7 +555,9 @@ class Outbox:
             self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        """Write what is waiting as one frame (dropped once the connection is closing)."""
+        """Write what is waiting as one frame (dropped once the connection is closing): the
+        :meth:`put` envelopes in their order, then one :class:`InferResults` holding every
+        :meth:`put_result` answer in its order (nothing depends on the order between the two)."""
         self._scheduled = False
         envelopes, self._envelopes = self._envelopes, []
         if self._results:

@@ -25,6 +25,9 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from service.common.errors import Conflict, InvalidValue
+from service.common.settings import Settings
+from service.common.shm import DTYPES
 from service.common.wire import (
     Answer,
     CancelJob,
@@ -58,9 +61,6 @@ if TYPE_CHECKING:
     from models.serving import ScoreColumns
     from service.engine.model_manager import LoadedModel
     from service.engine.predictor import ServedPredictor
-from service.common.errors import Conflict, InvalidValue
-from service.common.settings import Settings
-from service.common.shm import DTYPES
 
 log = logging.getLogger("vge.engine")
 

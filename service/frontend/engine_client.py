@@ -140,6 +140,8 @@ class EngineClient:
                 await self._read_loop(reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 pass
+            except Exception:  # noqa: BLE001 - e.g. a frame this build cannot decode: reconnect
+                log.exception("engine connection failed; reconnecting")
             finally:
                 self._lost()
                 writer.close()
