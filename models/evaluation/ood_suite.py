@@ -143,12 +143,17 @@ def card_ood_suite(
     return ood_suite_metrics(p_id, q_id, members, abstain_k)
 
 
-def validation_outliers(model_dir: str, n: int = 2000, seed: int = 1) -> dict[str, Any]:
+def validation_outliers(model_dir: str, n: int = 2000, seed: int | None = None) -> dict[str, Any]:
     """What the outlier-exposure recipe was chosen on, never the suite: the validation digits
-    and a fresh draw (``seed`` 1; training uses the config's seed 0) of the *training* outlier
-    families (:func:`models.data_ood.outlier_exposure_set`), through the served path at the
-    card's calibrated k. Returns accuracy, deferral and accepted accuracy on the validation
-    digits, the abstain rate per outlier family and VGMU's AUROC digits vs outliers."""
+    and a fresh draw of the *training* outlier families
+    (:func:`models.data_ood.outlier_exposure_set`), through the served path at the card's
+    calibrated k. Returns accuracy, deferral and accepted accuracy on the validation digits, the
+    abstain rate per outlier family, VGMU's AUROC digits vs outliers, and the draw's seed.
+
+    The draw must not be the one the model trained on (a family's first images are the same for
+    any ``n``): ``seed`` None takes 1, or 2 for a model trained with seed 1. A seed equal to the
+    training seed is refused.
+    """
     from models.data import bundled_split, load_bundled_mnist
     from models.data_ood import OUTLIER_FAMILIES, outlier_exposure_set
     from models.evaluation.ood import ood_auroc
@@ -156,6 +161,12 @@ def validation_outliers(model_dir: str, n: int = 2000, seed: int = 1) -> dict[st
 
     pred = Predictor.from_dir(model_dir, device="cpu")
     k = float(pred.card.abstain_calibration["abstain_k"])
+    config = pred.card.training.get("config") if isinstance(pred.card.training, dict) else None
+    trained_on = config.get("seed") if isinstance(config, dict) else None
+    if seed is None:
+        seed = 2 if trained_on == 1 else 1
+    if seed == trained_on:
+        raise ValueError(f"outlier seed {seed} is the draw {model_dir} was trained on")
 
     def run(images: np.ndarray):
         x = torch.stack([pred.prepare(torch.from_numpy(img).unsqueeze(0)) for img in images])
@@ -180,6 +191,7 @@ def validation_outliers(model_dir: str, n: int = 2000, seed: int = 1) -> dict[st
         },
         "outlier_abstain_all": float(abstain.mean()),
         "vgmu_auroc": ood_auroc(s_id.vgmu.double().numpy(), s_ood.vgmu.double().numpy()),
+        "outlier_seed": seed,
     }
 
 

@@ -52,3 +52,17 @@ def test_training_outliers_share_no_source_with_the_suite() -> None:
     )
     again, _ = outliers.outlier_exposure_set(3000, seed=0)
     assert again.tobytes() == train.tobytes()
+
+
+def test_choice_outliers_are_never_the_draw_a_model_trained_on() -> None:
+    """validation_outliers picks a draw other than the card's training seed (the OE model was
+    trained on seed 1's outliers) and refuses that seed when asked for it."""
+    import pytest
+
+    from models.evaluation.ood_suite import validation_outliers
+    from models.zoo import zoo_model_dir
+
+    oe = zoo_model_dir("cnn4-lle-vgn-oe-mnist")
+    with pytest.raises(ValueError, match="trained on"):
+        validation_outliers(str(oe), seed=1)
+    assert validation_outliers(str(oe), n=64)["outlier_seed"] == 2
