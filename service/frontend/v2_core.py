@@ -14,7 +14,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import torch
@@ -27,6 +27,11 @@ from service.common.model_info import ModelInfo
 from service.common.settings import Settings
 from service.frontend.deps import ServiceState
 from service.frontend.review_queue import ReviewPolicy, review_policy
+from service.frontend.routes.schemas import (
+    TIMEOUT_S_MAX,
+    TIMEOUT_S_MIN,
+    VgmuOn,
+)
 
 OUTPUTS: dict[str, str] = {
     "probabilities": "FP32",
@@ -396,11 +401,15 @@ def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, 
     if k is not None and (not is_number(k) or not ABSTAIN_K_MIN <= k <= ABSTAIN_K_MAX):
         raise InvalidValue(f"abstain_k must be a number in [{ABSTAIN_K_MIN:g}, {ABSTAIN_K_MAX:g}]")
     vgmu_on = params.get("vgmu_on")
-    if vgmu_on not in (None, "p", "q"):
-        raise InvalidValue("vgmu_on must be 'p' or 'q'")
+    if vgmu_on is not None and vgmu_on not in get_args(VgmuOn):
+        raise InvalidValue(f"vgmu_on must be one of {', '.join(map(repr, get_args(VgmuOn)))}")
     timeout = params.get("timeout_s")
-    if timeout is not None and (not is_number(timeout) or not 0.05 <= timeout <= 3600):
-        raise InvalidValue("timeout_s must be a number in [0.05, 3600] (seconds)")
+    if timeout is not None and (
+        not is_number(timeout) or not TIMEOUT_S_MIN <= timeout <= TIMEOUT_S_MAX
+    ):
+        raise InvalidValue(
+            f"timeout_s must be a number in [{TIMEOUT_S_MIN:g}, {TIMEOUT_S_MAX:g}] (seconds)"
+        )
     return k, vgmu_on, timeout
 
 
@@ -408,8 +417,8 @@ def review_param(state: ServiceState, params: dict[str, Any], headers: Any) -> R
     """The request's ``review`` parameter (``auto``/``always``/``never``, as on /v1/predict:
     ``auto`` by default with the queue on; ``always`` needs a key), for HTTP and gRPC alike."""
     asked = params.get("review")
-    if asked not in (None, "auto", "always", "never"):
-        raise InvalidValue("review must be 'auto', 'always' or 'never'")
+    if asked is not None and asked not in get_args(ReviewPolicy):
+        raise InvalidValue(f"review must be one of {', '.join(map(repr, get_args(ReviewPolicy)))}")
     return review_policy(state, asked, headers)
 
 

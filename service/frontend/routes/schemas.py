@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 from models.serving import DEFAULT_TOP_K
 from models.uncertainty.gate import GATE_K_MAX, K_MIN
 from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
+from service.frontend.review_queue import ReviewPolicy
 
 AbstainK = Annotated[
     float,
@@ -20,12 +21,16 @@ AbstainK = Annotated[
     ),
 ]
 TopK = Annotated[int, Field(ge=1, le=1000, description="Probabilities returned per image.")]
+#: The request options' values and bounds, for /v1 (these models) and V2 over HTTP and gRPC
+#: (service.frontend.v2_core.check_parameters reads the same names; the review choices are
+#: service.frontend.review_queue.ReviewPolicy): one place for each rule.
 VgmuOn = Literal["p", "q"]
+TIMEOUT_S_MIN, TIMEOUT_S_MAX = 0.05, 3600.0
 TimeoutS = Annotated[
     float,
     Field(
-        ge=0.05,
-        le=3600.0,
+        ge=TIMEOUT_S_MIN,
+        le=TIMEOUT_S_MAX,
         allow_inf_nan=False,
         description="Per-request deadline (s), at least 50 ms.",
     ),
@@ -45,7 +50,7 @@ class PredictOptions(BaseModel):
         "or p (raw; default otherwise). q on a model without a gate is a 422.",
     )
     timeout_s: TimeoutS | None = None
-    review: Literal["auto", "always", "never"] | None = Field(
+    review: ReviewPolicy | None = Field(
         None,
         description="Human review queue (VGE_REVIEW_QUEUE=on): auto (default) queues the images "
         "whose answer abstains, always every image, never none. Queued answers carry review_id.",
