@@ -85,10 +85,9 @@ class Predictor:
     def __init__(self, module: nn.Module, card: ModelCard, device: torch.device) -> None:
         self.module = module.eval()
         self.card = card
-        self.device = device
-        # The device as a tensor on it reports it ("cuda" -> "cuda:0"): what members computed here
+        # As a tensor on it reports it ("cuda" -> "cuda:0"): what the members computed here
         # compare equal to, so score_columns moves only members that live elsewhere.
-        self._home = torch.empty(0, device=device).device
+        self.device = torch.empty(0, device=device).device
         self._mean = list(card.mean)
         self._std = list(card.std)
         self._decide: Decide = decide
@@ -287,7 +286,7 @@ class Predictor:
         members = out.q if options.members == "q" else out.p
         if members is None:
             raise ValueError("vgmu_on='q' needs a VGN model")
-        if members.device != self._home:
+        if members.device != self.device:
             members = members.to(self.device)
         # The fused kernel is plain Triton (thread-safe); only compiled torch code takes turns.
         turn = contextlib.nullcontext() if self._fused else self._turn()

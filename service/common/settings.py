@@ -472,8 +472,10 @@ class Settings(BaseSettings):
             return self.resolved_device().startswith("cuda")
         return self.compile == "on"
 
-    def resolved_max_batch_size(self) -> int:
-        """Images per forward pass: ``max_batch_size``, else 256 on a CUDA GPU and 32 elsewhere.
+    def resolved_max_batch_size(self, device: str | None = None) -> int:
+        """Images per forward pass: ``max_batch_size``, else 256 on a CUDA GPU and 32 elsewhere
+        (``device``: the engine's, where the caller knows it, e.g. a front end from the model's
+        description, so that it makes no CUDA call of its own; else :meth:`resolved_device`).
 
         On a CPU the forward pass costs about the same per image from a batch of 16 up
         (docs/benchmarks.md, "Forward pass on CPU"), and a larger batch only delays its first
@@ -484,7 +486,7 @@ class Settings(BaseSettings):
         """
         if self.max_batch_size:
             return self.max_batch_size
-        return 256 if self.resolved_device().startswith("cuda") else 32
+        return 256 if (device or self.resolved_device()).startswith("cuda") else 32
 
     def resolved_torch_threads(self) -> int:
         """Intra-op threads of the engine: ``torch_threads``, else half the cores on a CPU, 1 on a

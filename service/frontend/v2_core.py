@@ -126,33 +126,19 @@ def model_metadata_dict(model: ModelInfo) -> dict[str, Any]:
 PLATFORM = "pytorch_vge"
 
 
-def max_request_images(settings: Settings) -> int:
-    """Images one request may carry (``VGE_MAX_IMAGES``): Triton's ``max_batch_size``, the largest
-    batch dimension a client may send."""
-    return settings.max_images
-
-
-def engine_batch_size(settings: Settings, model: ModelInfo) -> int:
-    """Images per forward pass, as the engine resolves it (Settings.resolved_max_batch_size) from
-    the device it reports, so the front end makes no CUDA call of its own."""
-    if settings.max_batch_size:
-        return settings.max_batch_size
-    return 256 if str(model.description.get("device", "cpu")).startswith("cuda") else 32
-
-
 def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
     """Triton's model configuration (``model_config.proto`` field names, as Triton's HTTP
     ``/config`` answers): what perf_analyzer and model_analyzer read before they send a request.
 
-    ``max_batch_size`` is the per-request image limit; ``dims`` exclude the batch dimension.
+    ``max_batch_size`` is the per-request image limit (``VGE_MAX_IMAGES``: the largest batch
+    dimension a client may send); ``dims`` exclude the batch dimension.
     ``input`` lists ``images`` alone, as the metadata does (:func:`model_metadata_dict`: tools
     send every listed input); the FP32 ``input`` and its normalisation are in ``parameters``.
     ``dynamic_batching`` is this server's batcher: its delay and the forward-pass size it fills
     batches towards; ``instance_group`` its device and batches computed at once."""
     n_classes = len(model.class_names)
     dims = list(model.input_shape)
-    data_type = {"UINT8": "TYPE_UINT8", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
-                 "BOOL": "TYPE_BOOL"}  # fmt: skip
+    device = str(model.description.get("device", "cpu"))  # the engine's, as it reports it
     return {
         "name": model.name,
         "platform": PLATFORM,
@@ -160,7 +146,7 @@ def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
         # one version served: "latest 1" (Triton's "specific" takes integer versions; this
         # server's are strings such as "1.0.0", in the metadata's "versions")
         "version_policy": {"latest": {"num_versions": 1}},
-        "max_batch_size": max_request_images(settings),
+        "max_batch_size": settings.max_images,
         "input": [
             {
                 "name": INPUT_NAMES["UINT8"],
@@ -171,22 +157,20 @@ def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
             },
         ],
         "output": [
-            {"name": n, "data_type": data_type[d], "dims": [n_classes]}
+            {"name": n, "data_type": f"TYPE_{d}", "dims": [n_classes]}
             if n == "probabilities"
             # a scalar per image: dims [1] reshaped to [] (Triton's way to say [B])
-            else {"name": n, "data_type": data_type[d], "dims": [1], "reshape": {"shape": []}}
+            else {"name": n, "data_type": f"TYPE_{d}", "dims": [1], "reshape": {"shape": []}}
             for n, d in OUTPUTS.items()
         ],  # fmt: skip
         "dynamic_batching": {
-            "preferred_batch_size": [engine_batch_size(settings, model)],
+            "preferred_batch_size": [settings.resolved_max_batch_size(device)],
             "max_queue_delay_microseconds": int(round(settings.max_queue_delay_ms * 1000)),
         },
         "instance_group": [
             {
                 "name": model.name,
-                "kind": "KIND_GPU"
-                if str(model.description.get("device", "")).startswith("cuda")
-                else "KIND_CPU",
+                "kind": "KIND_GPU" if device.startswith("cuda") else "KIND_CPU",
                 "count": settings.batches_in_flight,
             }
         ],
@@ -227,7 +211,7 @@ def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict
     a model card and the shipped models (``UNAVAILABLE``, the reason saying how to serve one).
     Loadable entries are named as promote takes them (the directory name); their ``version`` is
     their card's. ``ready_only``: the served model alone (Triton's ``ready`` flag)."""
-    from models.zoo import zoo_models
+    from models.zoo import zoo_dir, zoo_models
     from service.frontend.routes.health import is_ready
 
     out: list[dict[str, str]] = []
@@ -246,8 +230,6 @@ def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict
                 loadable[d.name] = d
     except OSError:  # no models_root yet
         pass
-    from models.zoo import zoo_dir
-
     for name in zoo_models():
         loadable.setdefault(name, zoo_dir() / name)
     served = (model.name, model.version) if model is not None else None

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from service.common.errors import BadInput, PayloadTooLarge
 from service.common.model_info import ModelInfo
-from service.frontend.deps import State, service_state
+from service.frontend.deps import ServiceState, State, service_state
 from service.frontend.inference import parse_json, predict_tensor, resolve_options
 from service.frontend.multipart import INLINE_PARSE_BYTES
 from service.frontend.review_queue import queue_tensor_answers
@@ -95,27 +95,29 @@ async def ready(state: State) -> JSONResponse:
 
 # Triton's extensions that stock tools call (perf_analyzer, model_analyzer, tritonclient):
 # statistics, model configuration, repository. /models/stats before /models/{name}.
+async def _statistics(state: ServiceState, model: ModelInfo) -> dict[str, Any]:
+    """Triton's statistics answer for ``model`` (read off the metrics files: off the loop)."""
+    return {"model_stats": [await asyncio.to_thread(model_statistics, state, model)]}
+
+
 @router.get("/models/stats")
 async def all_model_statistics(state: State) -> dict[str, Any]:
     """Statistics of every served model (this server serves one), in Triton's shape:
     inference/execution counts and cumulative queue/compute times since start (see
     ``v2_core.model_statistics`` for what each field counts)."""
-    model = state.model()
-    return {"model_stats": [await asyncio.to_thread(model_statistics, state, model)]}
+    return await _statistics(state, state.model())
 
 
 @router.get("/models/{name}/stats")
 async def model_stats(name: str, state: State) -> dict[str, Any]:
     """Statistics of the model (Triton's shape)."""
-    model = state.model(name)
-    return {"model_stats": [await asyncio.to_thread(model_statistics, state, model)]}
+    return await _statistics(state, state.model(name))
 
 
 @router.get("/models/{name}/versions/{version}/stats")
 async def model_version_stats(name: str, version: str, state: State) -> dict[str, Any]:
     """Statistics of an explicit model version (404 for a version this server does not serve)."""
-    model = versioned_model(state, name, version)
-    return {"model_stats": [await asyncio.to_thread(model_statistics, state, model)]}
+    return await _statistics(state, versioned_model(state, name, version))
 
 
 @router.get("/models/{name}/config")
