@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from models.checkpoint import check_class_names
 from models.data import DataBundle, load_dataset
 
 from .config import TrainConfig
@@ -19,14 +20,23 @@ __all__ = ["TrainLoader", "load_data", "train_loader"]
 
 
 def load_data(config: TrainConfig) -> DataBundle:
-    """The configured dataset's train/validation/test splits and metadata."""
-    return load_dataset(
+    """The configured dataset's train/validation/test splits and metadata.
+
+    Its classes are checked as the model card will check them (names, count): a folder named
+    ``../x`` or ``a..b`` stops the run here, not after its last epoch when the card is written.
+    """
+    bundle = load_dataset(
         config.dataset,
         config.data_root,
         config.allow_download,
         config.max_train_samples,
         config.image_size,
     )
+    try:
+        check_class_names(list(bundle.class_names))
+    except ValueError as exc:
+        raise ValueError(f"dataset {config.dataset}: {exc}") from None
+    return bundle
 
 
 @dataclass

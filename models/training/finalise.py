@@ -69,19 +69,23 @@ def _card(
         std=list(bundle.std),
         dataset=bundle.name,
         data_fingerprint=bundle.fingerprint,
-        metrics=metrics,
-        training={
-            "config": config.model_dump(mode="json"),
-            "epochs_run": result.epochs_run,
-            "best_epoch": result.best_epoch,
-            "train_seconds": round(result.train_seconds, 1),
-            "device": str(rt.device),
-            "world_size": rt.world,
-            "torch": torch.__version__,
-            "cancelled": result.cancelled,
-            "init": result.init,
-            "history": result.history,
-        },
+        # JSON-ready (NaN/inf -> None): a card holds finite numbers only (ModelCard), and a
+        # diverged run's losses must not keep its card from being written
+        metrics=_jsonable(metrics),
+        training=_jsonable(
+            {
+                "config": config.model_dump(mode="json"),
+                "epochs_run": result.epochs_run,
+                "best_epoch": result.best_epoch,
+                "train_seconds": round(result.train_seconds, 1),
+                "device": str(rt.device),
+                "world_size": rt.world,
+                "torch": torch.__version__,
+                "cancelled": result.cancelled,
+                "init": result.init,
+                "history": result.history,
+            }
+        ),
     )
 
 
@@ -139,7 +143,7 @@ def finalise(
         )
         card = card.model_copy(
             update={
-                "metrics": {**metrics, "evaluation": _jsonable(evaluation)},
+                "metrics": {**card.metrics, "evaluation": _jsonable(evaluation)},
                 "abstain_calibration": _jsonable(dict(calib)),
                 "uncertainty_reference": served_reference(p_val, q_val, calib),
             }

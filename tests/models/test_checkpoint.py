@@ -127,3 +127,126 @@ def test_loading_never_unpickles(saved, monkeypatch):
     monkeypatch.setattr(pickle, "loads", boom)
     load_checkpoint(d)
     assert (d / WEIGHTS_FILE).read_bytes()[8:9] == b"{"  # safetensors: u64 header size + JSON
+
+
+# ------------------------------------------------------------------ the card as untrusted input
+# (issue 36, item 1): validated whole, every failure a CheckpointError naming the field
+
+
+def _write_card(d, **changes) -> None:
+    card = json.loads((d / CARD_FILE).read_text())
+    for key, value in changes.items():
+        section, _, sub = key.partition("__")
+        if sub:
+            card[section] = {**card.get(section, {}), sub: value}
+        else:
+            card[key] = value
+    (d / CARD_FILE).write_text(json.dumps(card))
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"uncertainty_reference__deferral": "not-a-number"}, "uncertainty_reference.deferral"),
+        ({"uncertainty_reference__fractions": {"vgmu": [1.0]}}, "fractions"),
+        ({"uncertainty_reference__fractions": {"../x": [0.0] * 12}}, "fractions"),
+        ({"abstain_calibration__abstain_k": "abc"}, "abstain_calibration.abstain_k"),
+        ({"class_names": [str(i) for i in range(9)] + ["../outside"]}, "class_names"),
+        ({"class_names": [str(i) for i in range(9)] + ["/abs"]}, "class 9"),
+        ({"class_names": ["0"] * 10}, "appears more than once"),
+        ({"name": "../evil"}, "name"),
+        ({"version": "1..0"}, "version"),
+        ({"input_size": [768, 768]}, "input_size"),
+        ({"input_size": [30000, 30000]}, "input_size"),
+        ({"in_channels": -1}, "in_channels"),
+        ({"mean": []}, "mean"),
+        ({"std": [0.0]}, "std"),
+        ({"metrics": {"nll": float("nan")}}, "metrics"),
+        ({"training": {"history": [{"loss": float("inf")}]}}, "history[0].loss"),
+        ({"members": 101}, "members"),
+        ({"backbone_kwargs": {"width": 10**9}}, "backbone_kwargs"),
+        ({"learned_k": [1.0] * 3}, "learned_k"),
+    ],
+)
+def test_a_bad_card_is_refused_naming_the_field(saved, changes, named):
+    _, _, d = saved
+    _write_card(d, **changes)
+    with pytest.raises(CheckpointError, match="invalid model card") as info:
+        load_checkpoint(d)
+    assert named in str(info.value)
+
+
+def test_card_sections_keep_their_order_and_the_shipped_cards_load():
+    from models.checkpoint import read_card
+    from models.zoo import zoo_dir, zoo_models
+
+    for name in zoo_models():
+        raw = json.loads((zoo_dir() / name / CARD_FILE).read_text())
+        card = read_card(zoo_dir() / name)
+        dumped = card.model_dump(mode="json")
+        for section in ("abstain_calibration", "uncertainty_reference"):
+            assert list(dumped[section]) == list(raw[section]), (name, section)
+            assert dumped[section] == raw[section]
+
+
+def test_symlinked_weights_are_refused_without_hashing_them(saved, tmp_path_factory):
+    """A hash oracle no more: the error never carries the target's sha256, and the target is
+    never opened (a FIFO as the target would block a reader for good)."""
+    import hashlib
+    import os
+
+    from models.checkpoint import file_sha256
+
+    _, card, d = saved
+    secret = tmp_path_factory.mktemp("secret") / "passwd"
+    secret.write_bytes(b"root:x:0:0:root:/root:/bin/sh\n")
+    digest = hashlib.sha256(secret.read_bytes()).hexdigest()
+    (d / WEIGHTS_FILE).unlink()
+    (d / WEIGHTS_FILE).symlink_to(secret)
+    with pytest.raises(CheckpointError, match="symbolic link") as info:
+        load_checkpoint(d)
+    assert digest[:16] not in str(info.value) and digest not in str(info.value)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        file_sha256(d / WEIGHTS_FILE)
+    (d / WEIGHTS_FILE).unlink()
+    os.mkfifo(d / WEIGHTS_FILE)  # not a regular file: refused at once, not read
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_checkpoint(d)
+    (d / WEIGHTS_FILE).unlink()
+    (d / CARD_FILE).rename(d / "real-card.json")
+    (d / CARD_FILE).symlink_to(d / "real-card.json")
+    with pytest.raises(CheckpointError, match="model card is a symbolic link"):
+        load_checkpoint(d)
+
+
+@pytest.mark.parametrize("weights", ["junk", "truncated", "other-architecture"])
+def test_weights_that_are_not_the_cards_are_refused_by_their_header(saved, weights):
+    """The card's sha256 matches these files (whoever wrote the card hashed them): the header
+    is what refuses them, before anything is allocated for them."""
+    from models.checkpoint import file_sha256
+
+    _, _, d = saved
+    path = d / WEIGHTS_FILE
+    if weights == "junk":
+        path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not safetensors at all")
+        match = "not a readable safetensors file"
+    elif weights == "truncated":
+        path.write_bytes(path.read_bytes()[:-16])
+        match = "not a readable safetensors file"
+    else:
+        save_checkpoint(build_ensemble("lle", "lenet5", 10, 4, vgn=True), _card(members=4), d)
+        card = json.loads((d / CARD_FILE).read_text())
+        (d / CARD_FILE).write_text(json.dumps({**card, "members": 3}))  # the weights hold 4 heads
+        match = "do not match the card's architecture"
+    _write_card(d, weights_sha256=file_sha256(path))
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(d)
+
+
+def test_a_card_is_never_written_that_would_not_load(tmp_path):
+    from models.checkpoint import save_card
+
+    card = _card().model_copy(update={"metrics": {"nll": float("nan")}})  # copies skip validation
+    with pytest.raises(ValueError, match="metrics"):
+        save_card(card, tmp_path)
+    assert not (tmp_path / CARD_FILE).exists()
