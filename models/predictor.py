@@ -38,10 +38,11 @@ import torch
 from torch import Tensor, nn
 
 from models.checkpoint import ModelCard, load_checkpoint
-from models.data import conform_image, normalise_uint8
+from models.data import normalise_uint8
 from models.device import resolve_device
 from models.ensembles import EnsembleOutput
 from models.nets.fold import fold_batchnorm
+from models.prepare import Canonical, Finding, PrepareMode, default_prepare, prepare_image
 from models.serving import (
     DEFAULT_TOP_K,
     FIXED_COLUMNS,
@@ -148,17 +149,29 @@ class Predictor:
     def class_names(self) -> list[str]:
         return self.card.class_names
 
-    def conform(self, image: Tensor) -> Tensor:
-        """uint8 ``(C, H, W)`` -> uint8 ``(Cin, H', W')``: the card's channels and size, not normalised.
+    @property
+    def prepare_mode(self) -> PrepareMode:
+        """How an image becomes this model's input unless told otherwise
+        (:func:`models.prepare.default_prepare`: ``mnist`` for 1×28×28 digit models)."""
+        return default_prepare(self.card.in_channels, self.card.input_size)
+
+    def read(self, image: Tensor, prepare: PrepareMode | None = None) -> Canonical:
+        """uint8 ``(C, H, W)`` -> :class:`models.prepare.Canonical`: uint8 ``(Cin, H', W')``, not
+        normalised, and what its preparation found (``prepare``, default :attr:`prepare_mode`).
 
         What a server's front end does per image before the batch is normalised on the device
-        (:meth:`run`); see :func:`conform_image`.
+        (:meth:`run`); see :func:`models.prepare.prepare_image`.
         """
-        return conform_image(image, self.card.in_channels, tuple(self.card.input_size))
+        mode = prepare or self.prepare_mode
+        return prepare_image(image, mode, self.card.in_channels, tuple(self.card.input_size))
 
-    def prepare(self, image: Tensor) -> Tensor:
+    def conform(self, image: Tensor, prepare: PrepareMode | None = None) -> Tensor:
+        """uint8 ``(C, H, W)`` -> uint8 ``(Cin, H', W')``: :meth:`read`'s image."""
+        return self.read(image, prepare).image
+
+    def prepare(self, image: Tensor, prepare: PrepareMode | None = None) -> Tensor:
         """uint8 ``(C, H, W)`` (C in 1, 3, 4; or ``(H, W)``) -> float ``(Cin, H', W')`` model input."""
-        return normalise_uint8(self.conform(image), self._mean, self._std)
+        return normalise_uint8(self.conform(image, prepare), self._mean, self._std)
 
     def forward(self, x: Tensor) -> EnsembleOutput:
         """``x`` (B, Cin, H', W') -> ``EnsembleOutput`` of CPU tensors ``(B, M, C)``."""
@@ -342,6 +355,31 @@ class Predictor:
         predicted class."""
         opts = self.options(abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=top_k)
         return self.score_columns(out, opts).records(self.card.class_names, opts.abstain_k)
+
+    def predict(
+        self,
+        images: Sequence[Tensor],
+        *,
+        prepare: PrepareMode | None = None,
+        abstain_k: float | None = None,
+        vgmu_on: str | None = None,
+        top_k: int = DEFAULT_TOP_K,
+    ) -> list[dict[str, Any]]:
+        """Decoded uint8 images ``(C, H, W)`` → one answer each, as the server gives it: each image
+        read under ``prepare`` (:meth:`read`), forwarded and scored (:meth:`score`); an image with
+        no digit to read (:class:`models.prepare.Finding` other than ``ok``) abstains, and every
+        answer says what its reading found (``input_check``)."""
+        if not images:
+            return []
+        read = [self.read(image, prepare) for image in images]
+        x = normalise_uint8(torch.stack([r.image for r in read]), self._mean, self._std)
+        opts = self.options(abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=top_k)
+        findings = np.array([int(r.finding) for r in read])
+        columns = self.score_columns(self.forward(x), opts).abstaining(findings != Finding.ok)
+        records = columns.records(self.card.class_names, opts.abstain_k)
+        for record, r in zip(records, read, strict=True):
+            record["input_check"] = r.finding.name
+        return records
 
 
 def fused_decision(device: torch.device, num_classes: int, num_members: int) -> Decide | None:

@@ -182,6 +182,16 @@ class ScoreColumns:
     def top_k(self) -> int:
         return (self.data.shape[1] - len(FIXED_COLUMNS)) // 2
 
+    def abstaining(self, rows: np.ndarray) -> ScoreColumns:
+        """These columns with ``abstain`` set on ``rows`` (bool ``(B,)``): the answer for an
+        image that holds no digit to read (:class:`models.prepare.Finding`) is a deferral,
+        whatever the model made of the empty canvas it was given. ``self`` when no row is set."""
+        if not rows.any():
+            return self
+        data = self.data.copy()
+        data[rows, FIXED_COLUMNS.index("abstain")] = 1.0
+        return ScoreColumns(data)
+
     def rows(self, start: int, stop: int) -> ScoreColumns:
         """Rows ``[start, stop)`` (a view)."""
         return ScoreColumns(self.data[start:stop])

@@ -24,6 +24,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 
 from models.data import conform_image
+from models.prepare import Finding, PrepareMode, prepare_image
 from service.common.errors import BadInput, PayloadTooLarge
 from service.common.settings import Settings
 
@@ -196,7 +197,7 @@ def _decode(
     animation; ``max_pixels`` (None: no cap) catches a header that under-stated its size."""
     try:
         img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8),
-                           mode=read_mode(header))  # fmt: skip
+                           mode=read_mode(header), apply_exif_orientation=True)  # fmt: skip
     except (RuntimeError, ValueError) as exc:
         raise BadInput(
             f"image {index} could not be decoded (not an image, or corrupt/truncated): "
@@ -226,14 +227,28 @@ def conform_one(
         raise BadInput(f"image {index} cannot be converted to the model's input: {exc}") from None
 
 
-def _decode_into(
-    decode: Callable[[], torch.Tensor], index: int, out: np.ndarray, channels: int,
-    size: tuple[int, int],
-) -> None:  # fmt: skip
-    """Write image ``index``, as ``decode()`` gives it, conformed to the model's input into
-    ``out``."""
+def prepare_one(
+    img: torch.Tensor, index: int, prepare: PrepareMode, channels: int, size: tuple[int, int]
+) -> tuple[torch.Tensor, Finding]:
+    """:func:`models.prepare.prepare_image` (``mnist``: the canonical digit; ``none``: channels
+    and size only) with its ValueErrors turned into 400s naming the image."""
     try:
-        np.copyto(out, conform_one(decode(), index, channels, size).numpy())
+        image, finding = prepare_image(img, prepare, channels, size)
+    except ValueError as exc:
+        raise BadInput(f"image {index} cannot be converted to the model's input: {exc}") from None
+    return image, finding
+
+
+def _decode_into(
+    decode: Callable[[], torch.Tensor], index: int, out: np.ndarray, findings: np.ndarray,
+    prepare: PrepareMode, channels: int, size: tuple[int, int],
+) -> None:  # fmt: skip
+    """Write image ``index``, as ``decode()`` gives it, prepared for the model into ``out`` and
+    what its preparation found into ``findings[index]``."""
+    try:
+        image, finding = prepare_one(decode(), index, prepare, channels, size)
+        np.copyto(out, image.numpy())
+        findings[index] = finding
     except (BadInput, PayloadTooLarge) as exc:
         # Without its traceback and context: they would keep decode_one's frame, and the decoded
         # image in it, alive for as long as the request's other images take to decode.
@@ -266,21 +281,27 @@ async def decode_into(
     out: np.ndarray,
     settings: Settings,
     executor: Executor,
-) -> None:
-    """Decode ``blobs`` into ``out`` (uint8 ``(n, Cin, H, W)``, an arena region): the model's
-    channels and size per image; normalisation happens batched on the engine's device.
+    prepare: PrepareMode = "none",
+) -> np.ndarray:
+    """Decode ``blobs`` into ``out`` (uint8 ``(n, Cin, H, W)``, an arena region), each prepared
+    for the model (``prepare``, :func:`models.prepare.prepare_image`); normalisation happens
+    batched on the engine's device. Returns what each image's preparation found (uint8 ``(n,)``
+    of :class:`models.prepare.Finding`).
 
     Returns (or raises the first image's error) only once no decode thread writes into ``out``
     any more, even when the request is cancelled meanwhile: the caller frees the region after
     an error, and another request may be given it at once.
     """
     channels, size = int(out.shape[1]), (int(out.shape[2]), int(out.shape[3]))
+    findings = np.zeros(len(blobs), np.uint8)
     headers = _decode_inline(blobs, settings)
     if headers is not None:
         cap = settings.max_image_pixels
         for i, (b, header) in enumerate(zip(blobs, headers, strict=True)):
-            _decode_into(partial(_decode, b, header, i, cap), i, out[i], channels, size)
-        return
+            _decode_into(
+                partial(_decode, b, header, i, cap), i, out[i], findings, prepare, channels, size
+            )
+        return findings
     loop = asyncio.get_running_loop()
     every = asyncio.gather(
         *(
@@ -290,6 +311,8 @@ async def decode_into(
                 partial(decode_one, b, i, settings),
                 i,
                 out[i],
+                findings,
+                prepare,
                 channels,
                 size,
             )  # fmt: skip
@@ -305,6 +328,7 @@ async def decode_into(
     for result in results:
         if isinstance(result, BaseException):
             raise result
+    return findings
 
 
 def check_count(n: int, settings: Settings) -> None:

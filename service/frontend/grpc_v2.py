@@ -34,6 +34,7 @@ from service.frontend.v2_core import (
     model_metadata_dict,
     model_statistics,
     output_tensors,
+    prepare_param,
     repository_control,
     repository_index,
     review_param,
@@ -204,8 +205,9 @@ def make_servicer(state: ServiceState) -> Any:
                         top_k=n_classes,
                     )  # fmt: skip
                     arr, dtype = _input_array(request, state.settings.max_images)
-                    x = to_model_input(arr, dtype, model, state)
-                    columns = await predict_tensor(state, model, x, options, timeout_s)
+                    prepare = prepare_param(params, model, dtype)
+                    x, findings = to_model_input(arr, dtype, model, state, prepare)
+                    columns = await predict_tensor(state, model, x, options, timeout_s, findings)
                 said: dict[str, str] = {}
                 if review != "never":  # the queue is on: as /v1/predict and V2 HTTP do
                     said = await queue_tensor_answers(

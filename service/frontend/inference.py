@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.prepare import Finding, PrepareMode
+from models.prepare import resolve_prepare as prepare_mode
 from models.serving import ScoreColumns, ScoreOptions
 from service.common.decode import decode_into
 from service.common.errors import BadInput, InvalidValue
@@ -37,22 +39,39 @@ def resolve_options(
     )
 
 
+def resolve_prepare(model: ModelInfo, asked: str | None) -> PrepareMode:
+    """A request's ``prepare`` for the served model (:func:`models.prepare.resolve_prepare`;
+    a misuse is a 422 that says which mode to use)."""
+    try:
+        return prepare_mode(asked, model.in_channels, model.input_size)
+    except ValueError as exc:
+        raise InvalidValue(str(exc)) from None
+
+
 async def predict_images(
     state: ServiceState,
     model: ModelInfo,
     blobs: list[bytes],
     options: ScoreOptions,
     timeout_s: float | None,
-) -> ScoreColumns:
-    """Decode encoded images into shared memory and score them; one row per image."""
+    prepare: PrepareMode,
+) -> tuple[ScoreColumns, np.ndarray]:
+    """Decode encoded images into shared memory, each prepared as ``prepare`` says, and score
+    them; one row per image, and what each image's preparation found (:class:`Finding`): an
+    image with no digit in it is answered with ``abstain`` set."""
     assert state.decode_pool is not None
     region = state.engine.allocate("uint8", (len(blobs), *model.input_shape))
     try:
-        await decode_into(blobs, region.array, state.settings, state.decode_pool)
+        findings = await decode_into(
+            blobs, region.array, state.settings, state.decode_pool, prepare
+        )
     except BaseException:
         state.engine.release(region)
         raise
-    return await _score(state, model, region, options, timeout_s)
+    columns = await _score(state, model, region, options, timeout_s, record=False)
+    columns = columns.abstaining(findings != Finding.ok)
+    state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
+    return columns, findings
 
 
 async def predict_tensor(
@@ -61,6 +80,7 @@ async def predict_tensor(
     x: torch.Tensor,
     options: ScoreOptions,
     timeout_s: float | None,
+    findings: np.ndarray | None = None,
 ) -> ScoreColumns:
     """Score a ready tensor ``(n, Cin, H, W)``: uint8 conformed pixels or float32 model input.
 
@@ -79,6 +99,8 @@ async def predict_tensor(
             f"{float(a[bad].min()):.3g} to {float(a[bad].max()):.3g}) overflow the forward "
             "pass. FP32 input is the normalised image; send raw pixels as UINT8 instead"
         )
+    if findings is not None:  # an image with no digit in it abstains (models.prepare.Finding)
+        columns = columns.abstaining(findings != Finding.ok)
     state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
     return columns
 

@@ -19,13 +19,15 @@ from typing import Any, get_args
 import numpy as np
 import torch
 
+from models.prepare import PrepareMode
 from models.serving import ScoreColumns
 from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
-from service.common.decode import conform_one
+from service.common.decode import prepare_one
 from service.common.errors import BadInput, InvalidValue, NotFound, PayloadTooLarge
 from service.common.model_info import ModelInfo
 from service.common.settings import Settings
 from service.frontend.deps import ServiceState
+from service.frontend.inference import resolve_prepare
 from service.frontend.review_queue import ReviewPolicy, review_policy
 from service.frontend.routes.schemas import (
     TIMEOUT_S_MAX,
@@ -207,10 +209,13 @@ def repository_control(action: str) -> RepositoryControlRefused:
 
 def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict[str, str]]:
     """Triton's repository index: the served model (``READY``, or ``UNAVAILABLE`` while the engine
-    is not ready), then every model it could promote: directories under ``models_root`` that hold
-    a model card and the shipped models (``UNAVAILABLE``, the reason saying how to serve one).
-    Loadable entries are named as promote takes them (the directory name); their ``version`` is
-    their card's. ``ready_only``: the served model alone (Triton's ``ready`` flag)."""
+    is not ready), then the models the operator exposes as promotable: the shipped models and
+    the directories under ``models_root`` named in ``VGE_REPOSITORY_INDEX_MODELS`` that hold a
+    model card (``UNAVAILABLE``, the reason saying how to serve one). Not every directory under
+    ``models_root``: the route is anonymous, and job ids and directory names are the operator's
+    to show. Loadable entries are named as promote takes them (the directory name); their
+    ``version`` is their card's, read once per card file change (:func:`_card_version`).
+    ``ready_only``: the served model alone (Triton's ``ready`` flag)."""
     from models.zoo import zoo_dir, zoo_models
     from service.frontend.routes.health import is_ready
 
@@ -224,20 +229,15 @@ def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict
         return [m for m in out if m["state"] == "READY"]
     loadable: dict[str, Path] = {}
     root = state.settings.models_root
-    try:
-        for d in sorted(root.iterdir()):
-            if (d / "model_card.json").is_file():
-                loadable[d.name] = d
-    except OSError:  # no models_root yet
-        pass
+    for name in state.settings.repository_index_names():
+        card = root / name / "model_card.json"
+        if card.is_file() and not (root / name).is_symlink():
+            loadable[name] = root / name
     for name in zoo_models():
         loadable.setdefault(name, zoo_dir() / name)
     served = (model.name, model.version) if model is not None else None
     for name, d in loadable.items():
-        try:
-            version = str(json.loads((d / "model_card.json").read_text()).get("version", ""))
-        except (OSError, ValueError, AttributeError):
-            version = ""
+        version = _card_version(d / "model_card.json")
         if (name, version) == served:  # the served model's own directory: listed once, READY
             continue
         out.append({
@@ -245,6 +245,33 @@ def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict
             "reason": f'not loaded; serve it with POST /v1/models/promote {{"model": "{name}"}}',
         })  # fmt: skip
     return out
+
+
+#: Card file -> ((mtime_ns, size), version): the repository index reads a card again only when
+#: it changed (an anonymous route must not read every card on every request).
+_CARD_VERSIONS: dict[Path, tuple[tuple[int, int], str]] = {}
+_CARD_VERSIONS_MAX = 1024
+
+
+def _card_version(path: Path) -> str:
+    """The ``version`` of the model card at ``path`` ("" when it cannot be read), cached by the
+    file's modification time and size."""
+    try:
+        st = path.stat()
+    except OSError:
+        return ""
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _CARD_VERSIONS.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    try:
+        version = str(json.loads(path.read_text()).get("version", ""))
+    except (OSError, ValueError, AttributeError):
+        version = ""
+    if len(_CARD_VERSIONS) >= _CARD_VERSIONS_MAX:
+        _CARD_VERSIONS.clear()
+    _CARD_VERSIONS[path] = (stamp, version)
+    return version
 
 
 def _samples(state: ServiceState) -> dict[tuple[str, str], float]:
@@ -356,7 +383,7 @@ def is_number(value: Any) -> bool:
 #: The request parameters this server reads; any other is a 400 naming it (a typo, or ``review``
 #: sent to a server that did not know it, was silently ignored).
 REQUEST_PARAMETERS: tuple[str, ...] = (
-    "abstain_k", "vgmu_on", "timeout_s", "review", "binary_data_output",
+    "abstain_k", "vgmu_on", "timeout_s", "review", "prepare", "binary_data_output",
 )  # fmt: skip
 
 
@@ -395,6 +422,23 @@ def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, 
     return k, vgmu_on, timeout
 
 
+def prepare_param(params: dict[str, Any], model: ModelInfo, datatype: str) -> PrepareMode | None:
+    """A request's ``prepare`` parameter (``mnist``/``none``, as on /v1/predict) for its UINT8
+    images; None for FP32 input, which is the model's own input and is never prepared (a
+    ``prepare`` other than ``none`` with it is a 422)."""
+    asked = params.get("prepare")
+    if asked is not None and not isinstance(asked, str):
+        raise InvalidValue("prepare must be a string: 'mnist' or 'none'")
+    if datatype == "FP32":
+        if asked not in (None, "none"):
+            raise InvalidValue(
+                "prepare applies to UINT8 images; FP32 input is the model's normalised input "
+                "and is used as sent: leave prepare out or send the pixels as UINT8"
+            )
+        return None
+    return resolve_prepare(model, asked)
+
+
 def review_param(state: ServiceState, params: dict[str, Any], headers: Any) -> ReviewPolicy:
     """The request's ``review`` parameter (``auto``/``always``/``never``, as on /v1/predict:
     ``auto`` by default with the queue on; ``always`` needs a key), for HTTP and gRPC alike."""
@@ -431,9 +475,14 @@ def _check_normalised(x: np.ndarray, model: ModelInfo) -> None:
 
 
 def to_model_input(
-    arr: np.ndarray, dtype: str, model: ModelInfo, state: ServiceState
-) -> torch.Tensor:
-    """uint8 pixels conformed to the model's channels and size, or the FP32 input as given.
+    arr: np.ndarray,
+    dtype: str,
+    model: ModelInfo,
+    state: ServiceState,
+    prepare: PrepareMode | None = None,
+) -> tuple[torch.Tensor, np.ndarray | None]:
+    """uint8 pixels prepared for the model (``prepare``: :func:`models.prepare.prepare_image`)
+    with what each preparation found, or the FP32 input as given (and None).
 
     UINT8 layout: ``[B, C, H, W]`` (NCHW, the documented one) when dim 1 is a channel count (1,
     3 or 4), else ``[B, H, W, C]`` (NHWC, as numpy/PIL images stack) when the last dim is one;
@@ -458,7 +507,7 @@ def to_model_input(
                 f"[B, {', '.join(map(str, model.input_shape))}]; send raw pixels as UINT8 instead"
             )
         _check_normalised(arr, model)
-        return torch.from_numpy(np.ascontiguousarray(arr))
+        return torch.from_numpy(np.ascontiguousarray(arr)), None
     images = torch.from_numpy(np.ascontiguousarray(arr))
     if images.ndim == 3:
         images = images.unsqueeze(1)
@@ -468,11 +517,16 @@ def to_model_input(
             f"{images.shape[3]} in NHWC: send [B, C, H, W] (NCHW; the model's is "
             f"[B, {', '.join(map(str, model.input_shape))}]) or [B, H, W, C] with C 1, 3 or 4"
         )
-    if tuple(images.shape[1:]) == model.input_shape:
-        return images
-    return torch.stack(
-        [conform_one(img, i, model.in_channels, model.input_size) for i, img in enumerate(images)]
-    )
+    findings = np.zeros(len(images), np.uint8)
+    if prepare in (None, "none") and tuple(images.shape[1:]) == model.input_shape:
+        return images, findings
+    mode: PrepareMode = prepare or "none"
+    prepared = []
+    for i, img in enumerate(images):
+        image, finding = prepare_one(img, i, mode, model.in_channels, model.input_size)
+        prepared.append(image)
+        findings[i] = finding
+    return torch.stack(prepared), findings
 
 
 NUMPY_DTYPES: dict[str, np.dtype[Any]] = {

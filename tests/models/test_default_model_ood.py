@@ -32,8 +32,7 @@ def _rates_through_predictor() -> dict[str, float]:
     pred = Predictor.from_dir(zoo_model_dir(OE_MODEL), device="cpu")
     rates = {}
     for group, images in load_ood_sample().items():
-        x = torch.stack([pred.prepare(torch.from_numpy(img).unsqueeze(0)) for img in images])
-        rows = pred.score(pred.forward(x))
+        rows = pred.predict([torch.from_numpy(img).unsqueeze(0) for img in images])
         rates[group] = float(np.mean([r["abstain"] for r in rows]))
     return rates
 

@@ -57,16 +57,20 @@ def test_prepare_gray_model(tmp_path):
     pred = _save(tmp_path, vgn=True)
     assert pred.name == "tiny" and pred.version == "0.0.1" and pred.device == torch.device("cpu")
     img = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
-    x = pred.prepare(img)
+    assert pred.prepare_mode == "mnist"  # a 1x28x28 model reads digits
+    x = pred.prepare(img, "none")  # pixels as sent: normalised only
     assert x.shape == (1, 28, 28) and x.dtype == torch.float32
     torch.testing.assert_close(x, (img.float() / 255 - 0.5) / 0.25)
+    # noise has no digit in it: the canonical reading is an empty canvas, and says why
+    assert pred.read(img).finding.name == "fills_canvas"
+    assert not pred.conform(img).any()
     rgb = torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8)
     assert pred.prepare(rgb).shape == (1, 28, 28)
     rgba = torch.randint(0, 256, (4, 28, 28), dtype=torch.uint8)
     assert pred.prepare(rgba).shape == (1, 28, 28)
     same = torch.full((3, 28, 28), 200, dtype=torch.uint8)  # gray RGB -> exact gray value
     expect = torch.full((1, 28, 28), (200 / 255 - 0.5) / 0.25)
-    torch.testing.assert_close(pred.prepare(same), expect, atol=1.01 / 255 / 0.25, rtol=0)
+    torch.testing.assert_close(pred.prepare(same, "none"), expect, atol=1.01 / 255 / 0.25, rtol=0)
     with pytest.raises(ValueError, match="uint8"):
         pred.prepare(img.float())
     with pytest.raises(ValueError, match="channels"):
@@ -75,6 +79,7 @@ def test_prepare_gray_model(tmp_path):
 
 def test_prepare_rgb_model_expands_gray(tmp_path):
     pred = _save(tmp_path, vgn=False, in_channels=3, size=(32, 32))
+    assert pred.prepare_mode == "none"  # not a digit model: pixels as sent
     gray = torch.randint(0, 256, (1, 28, 28), dtype=torch.uint8)
     x = pred.prepare(gray)
     assert x.shape == (3, 32, 32)
@@ -84,7 +89,7 @@ def test_prepare_rgb_model_expands_gray(tmp_path):
 def test_forward_and_score_vgn(tmp_path):
     pred = _save(tmp_path, vgn=True)
     imgs = torch.randint(0, 256, (5, 1, 28, 28), dtype=torch.uint8)
-    x = torch.stack([pred.prepare(i) for i in imgs])
+    x = torch.stack([pred.prepare(i, "none") for i in imgs])
     out = pred.forward(x)
     assert isinstance(out, EnsembleOutput)
     assert out.p.device.type == "cpu" and out.p.shape == (5, 3, 4) and out.q.shape == (5, 3, 4)
@@ -177,7 +182,7 @@ def test_run_takes_numpy_and_tensor_parts_alike(tmp_path):
     want = pred.score_columns(pred.run([x]), opts).data
     parts = [x[:1].numpy(), x[1:4].numpy(), x[4:]]
     np.testing.assert_array_equal(pred.score_columns(pred.run(parts), opts).data, want)
-    prepared = torch.stack([pred.prepare(img) for img in x[3:]])  # float32 (3, 1, 28, 28)
+    prepared = torch.stack([pred.prepare(img, "none") for img in x[3:]])  # float32 (3, 1, 28, 28)
     mixed = [x[:3].numpy(), prepared.numpy()]
     got = pred.score_columns(pred.run(mixed), opts).data
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -184,14 +184,14 @@ def test_a_failed_decode_does_not_keep_its_image_alive(monkeypatch: pytest.Monke
 
     refs: list[weakref.ref] = []
 
-    def refuse_after_decoding(img, index, channels, size):
+    def refuse_after_decoding(img, index, prepare, channels, size):
         refs.append(weakref.ref(img))
         raise BadInput("refused after decoding")
 
-    monkeypatch.setattr(decode, "conform_one", refuse_after_decoding)
+    monkeypatch.setattr(decode, "prepare_one", refuse_after_decoding)
     _check_released(decode, refs)
 
-    def refuse_while_handling(img, index, channels, size):  # as conform_one does: in an except
+    def refuse_while_handling(img, index, prepare, channels, size):  # as prepare_one: in except
         refs.append(weakref.ref(img))
         try:
             raise ValueError("not convertible")
@@ -199,7 +199,7 @@ def test_a_failed_decode_does_not_keep_its_image_alive(monkeypatch: pytest.Monke
             raise BadInput("refused while handling another error") from None
 
     refs.clear()
-    monkeypatch.setattr(decode, "conform_one", refuse_while_handling)
+    monkeypatch.setattr(decode, "prepare_one", refuse_while_handling)
     _check_released(decode, refs)
 
 
@@ -210,7 +210,8 @@ def _check_released(decode, refs) -> None:  # noqa: ANN001
 
     with pytest.raises(BadInput) as err:
         decode._decode_into(partial(decode.decode_one, _noise_png(7), 0, Settings()), 0,
-                            np.zeros((1, 28, 28), np.uint8), 1, (28, 28))  # fmt: skip
+                            np.zeros((1, 28, 28), np.uint8), np.zeros(1, np.uint8), "mnist", 1,
+                            (28, 28))  # fmt: skip
     gc.collect()
     assert refs and refs[0]() is None, "the decoded image is still referenced"
     assert err.value.__traceback__ is not None  # only _decode_into's own frame

@@ -10,12 +10,18 @@ import torch
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
+from models.prepare import Finding
 from models.problems import validation_problems
 from service.common.decode import b64_images, multipart_images
 from service.common.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.common.settings import Settings
 from service.frontend.deps import ServiceState, service_state
-from service.frontend.inference import parse_json, predict_images, resolve_options
+from service.frontend.inference import (
+    parse_json,
+    predict_images,
+    resolve_options,
+    resolve_prepare,
+)
 from service.frontend.multipart import INLINE_PARSE_BYTES, parse_form_async
 from service.frontend.review_queue import (
     chosen_for_review,
@@ -148,11 +154,14 @@ async def predict(request: Request) -> Response:
     options = resolve_options(
         state, model, abstain_k=opts.abstain_k, vgmu_on=opts.vgmu_on, top_k=opts.top_k
     )
+    prepare = resolve_prepare(model, opts.prepare)
     review = review_policy(state, opts.review, request.headers)
-    columns = await predict_images(state, model, blobs, options, opts.timeout_s)
+    columns, findings = await predict_images(state, model, blobs, options, opts.timeout_s, prepare)
     # Plain floats, ints, bools and strings built by ScoreColumns.records: json.dumps (C) encodes
     # them directly; validating them through a pydantic response model cost ~10 % of a request.
     records = columns.records(list(model.class_names), options.abstain_k)
+    for record, finding in zip(records, findings.tolist(), strict=True):
+        record["input_check"] = Finding(finding).name
     queue = state.reviews if review != "never" else None
     if queue is not None and chosen_for_review(review, records):  # off the loop: file + DB writes
         reveal = review == "always" or has_review_key(state.settings, request.headers)

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
+from models.prepare import PrepareMode
 from models.serving import DEFAULT_TOP_K
 from models.uncertainty.gate import GATE_K_MAX, K_MIN
 from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
@@ -54,6 +55,14 @@ class PredictOptions(BaseModel):
         None,
         description="Human review queue (VGE_REVIEW_QUEUE=on): auto (default) queues the images "
         "whose answer abstains, always every image, never none. Queued answers carry review_id.",
+    )
+    prepare: PrepareMode | None = Field(
+        None,
+        description="What the server does to an image before the model reads it: mnist (default "
+        "for 1x28x28 digit models) finds the digit on the picture — polarity, uneven light, "
+        "its box scaled to 20x20 and centred by its centre of mass, as MNIST was made; none "
+        "(default for other models) only converts channels and resizes: for pixels already in "
+        "the model's format.",
     )
 
 
@@ -106,6 +115,11 @@ class Prediction(BaseModel):
     eu: float
     abstain: bool
     abstain_k: float
+    input_check: Literal["ok", "blank", "fills_canvas"] = Field(
+        description="What prepare=mnist found: ok (a digit, or prepare=none), blank (no ink) or "
+        "fills_canvas (the picture is mostly 'ink': a photo, noise, a pattern). Anything but ok "
+        "is answered with abstain: true."
+    )
     review_id: str | None = Field(
         None, description="The review item of a queued image (absent when it was not sent)."
     )

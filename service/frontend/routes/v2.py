@@ -56,6 +56,7 @@ from service.frontend.v2_core import (
     model_metadata_dict,
     model_statistics,
     output_tensors,
+    prepare_param,
     repository_control,
     repository_index,
     review_param,
@@ -361,8 +362,10 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
         arr = _input_tensor(body, binary, state.settings.max_images)
     else:  # a long JSON list: numpy's conversion and the checks hold the interpreter
         arr = await asyncio.to_thread(_input_tensor, body, binary, state.settings.max_images)
-    x = to_model_input(arr, body["inputs"][0]["datatype"], model, state)
-    columns = await predict_tensor(state, model, x, options, timeout_s)
+    datatype = body["inputs"][0]["datatype"]
+    prepare = prepare_param(body.get("parameters") or {}, model, datatype)
+    x, findings = to_model_input(arr, datatype, model, state, prepare)
+    columns = await predict_tensor(state, model, x, options, timeout_s, findings)
     tensors = output_tensors(columns, n_classes)
     response: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if "id" in body:
