@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import typing
 from pathlib import Path
@@ -129,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValidationError as exc:
         problems = validation_problems(exc.errors(), what="settings")
+    # Every file and directory the server and its processes create (review images, SQLite
+    # databases, job folders and logs, trained models) gets this mask; children inherit it.
+    os.umask(settings.resolved_umask())
         print(f"vge serve: error: invalid settings: {problems}", file=sys.stderr)
         return 2
     if settings.model_dir is None:

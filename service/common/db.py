@@ -16,13 +16,14 @@ so those processes can write concurrently.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from service.common.errors import NotReady
 
@@ -37,29 +38,56 @@ class DatabaseUnavailable(NotReady):
     code = "database_unavailable"
 
 
+#: A query parameter whose value is a secret (libpq's ``password``, ``sslpassword``; any name
+#: with "pass", "secret" or "token" in it, to be safe).
+_SECRET_PARAM = re.compile(r"([?&][^=&#?]*(?:pass|secret|token)[^=&#?]*=)([^&]*)", re.IGNORECASE)
+
+
+def _userinfo(url: str) -> tuple[str, str, str] | None:
+    """``(scheme://user, password, @rest)`` of a URL with a password in its authority, else
+    None. The password runs from the first ``:`` after ``scheme://`` to the *last* ``@``: a
+    password holding ``/ # ? @`` (which a URL should percent-encode, and people do not) is
+    still all of it. A ``@`` later in the URL (a query value) makes the masked part longer,
+    never shorter: masking errs towards hiding."""
+    head, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    at = rest.rfind("@")
+    if at < 0:
+        return None
+    user, colon, password = rest[:at].partition(":")
+    if not colon or not password:
+        return None
+    return f"{head}{sep}{user}", password, rest[at:]
+
+
+def secrets_of(url: str) -> list[str]:
+    """Every secret a database URL holds, as written and percent-decoded: the authority's
+    password and the values of secret query parameters (``?password=``, ``sslpassword=``)."""
+    found = []
+    if (parts := _userinfo(url)) is not None:
+        found.append(parts[1])
+    found += [m.group(2) for m in _SECRET_PARAM.finditer(url) if m.group(2)]
+    decoded = [unquote(s) for s in found]
+    return sorted({s for s in (*found, *decoded) if s}, key=len, reverse=True)
+
+
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``: safe for logs and error messages."""
-    try:
-        parts = urlsplit(url)
-        password = parts.password
-    except ValueError:  # not parseable as a URL: mask everything between "://" and "@"
-        head, sep, rest = url.partition("://")
-        return f"{head}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
-    if not password:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` with every secret replaced by ``***`` (the authority's password, however it is
+    written, and secret query parameters): safe for logs, error messages and answers."""
+    if (parts := _userinfo(url)) is not None:
+        head, _, tail = parts
+        url = f"{head}:***{tail}"
+    return _SECRET_PARAM.sub(lambda m: m.group(1) + "***", url)
 
 
 def scrub(text: str, url: str) -> str:
-    """``text`` without ``url``'s password (a driver may echo the URL or its parts)."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
+    """``text`` without ``url``'s secrets: the URL masked, and each secret itself (a driver
+    may echo the URL, its parts or the password alone, decoded or not) replaced by ``***``."""
     text = text.replace(url, mask_url(url))
-    return text.replace(password, "***") if password else text
+    for secret in secrets_of(url):
+        text = text.replace(secret, "***")
+    return text
 
 
 def check_url(url: str, setting: str) -> str:
@@ -114,9 +142,13 @@ class Database:
                     "a postgresql:// database needs psycopg 3: pip install 'vge-serve[postgres]'"
                 ) from None
             self._driver_errors: tuple[type[Exception], ...] = (psycopg.OperationalError,)
+            # Opening also refuses a URL it cannot use (psycopg.ProgrammingError: an unknown
+            # query parameter): reported the same way, its text scrubbed of the URL's secrets.
+            opening: tuple[type[Exception], ...] = (psycopg.Error,)
         else:
             self._driver_errors = (sqlite3.OperationalError,)
-        with self._errors():
+            opening = self._driver_errors
+        with self._errors(opening):
             self._conn: Any = self._connect()
 
     def _connect(self) -> Any:
@@ -140,14 +172,16 @@ class Database:
         return conn
 
     @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """The driver's connection-level failures as a 503 the client may retry; a PostgreSQL
-        connection that broke (server restarted, network) is replaced on the next call."""
+    def _errors(self, caught: tuple[type[Exception], ...] | None = None) -> Iterator[None]:
+        """The driver's connection-level failures (``caught``; default ``_driver_errors``) as a
+        503 the client may retry, its text without the URL's secrets; a PostgreSQL connection
+        that broke (server restarted, network) is replaced on the next call."""
+        caught = caught or self._driver_errors
         try:
             if self.postgres and getattr(self, "_conn", None) is not None and self._conn.broken:
                 self._conn = self._connect()
             yield
-        except self._driver_errors as exc:
+        except caught as exc:
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
             raise DatabaseUnavailable(
                 f"the service database {self.where} is unavailable, retry shortly "

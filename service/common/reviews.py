@@ -49,6 +49,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import statistics
 import threading
@@ -89,7 +90,9 @@ CREATE TABLE IF NOT EXISTS reviews (
     claim_expires DOUBLE PRECISION,
     size BIGINT NOT NULL DEFAULT 0,
     reviewer_via TEXT,
-    history TEXT NOT NULL DEFAULT '[]'
+    history TEXT NOT NULL DEFAULT '[]',
+    history_dropped INTEGER NOT NULL DEFAULT 0,
+    claimed_via TEXT
 );
 CREATE INDEX IF NOT EXISTS reviews_state_created ON reviews (state, created_at, id);
 CREATE INDEX IF NOT EXISTS reviews_state_vgmu ON reviews (state, vgmu, id);
@@ -116,6 +119,32 @@ def sniff_content_type(data: bytes) -> str:
     return "application/octet-stream"
 
 
+#: A class name used as it is for its folder in exports and training data: letters, digits,
+#: ``_ . + -``, starting with a letter or digit (never ``.``, ``..``, a ``/`` or a hidden name),
+#: at most 100 characters. Model cards' class names are checked elsewhere; this holds whatever
+#: a card said.
+SAFE_CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
+#: Bytes kept as they are when a class name is percent-encoded (every other byte is ``%XX``).
+_KEEP_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def class_folder(label: str) -> str:
+    """The folder name of class ``label`` in exports and training data: ``label`` itself when it
+    matches :data:`SAFE_CLASS_NAME` (the digits' ``"0"``…``"9"``, ``"cat"``), else its UTF-8
+    bytes percent-encoded but for letters, digits and ``_`` (``../x`` → ``%2E%2E%2Fx``), or
+    ``%sha256-<hex>`` when that is longer than 200 characters.
+
+    Never a path of more than one component, never ``.`` or ``..``, and one-to-one: a safe name
+    has no ``%`` and an encoded one always has one, so two classes never share a folder.
+    """
+    if SAFE_CLASS_NAME.fullmatch(label):
+        return label
+    encoded = "".join(chr(b) if b in _KEEP_BYTES else f"%{b:02X}" for b in label.encode())
+    if len(encoded) <= 200 and "%" in encoded:
+        return encoded
+    return "%sha256-" + hashlib.sha256(label.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Enqueued:
     """What one image's answer says about its review: the item id (or None) and why."""
@@ -125,6 +154,10 @@ class Enqueued:
     # (V2 answers may also say "unsupported_input": FP32 input is not stored; see
     # queue_tensor_answers)
 
+
+#: The advisory lock key of claiming on PostgreSQL ("vgec"): a key's claim count and its new
+#: claim are one step, so replicas racing at the bound cannot pass it.
+_CLAIM_LOCK = 0x76676563
 
 #: The longest wait between two attempts to reopen an unavailable store (the first is at once).
 RETRY_MAX_S = 5.0
@@ -214,6 +247,8 @@ class ReviewStore:
         max_items: int,
         lease_s: float,
         max_bytes: int = 2**62,
+        max_claims: int = 10,
+        max_history: int = 50,
     ) -> None:
         self._given = db if isinstance(db, Database) else None
         self.url = db.url if isinstance(db, Database) else check_url(db, "review database URL")
@@ -223,6 +258,8 @@ class ReviewStore:
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.lease_s = lease_s
+        self.max_claims = max_claims
+        self.max_history = max_history
         self._db: Database | None = None
         self._identity: tuple[int, int] | None = None  # the SQLite file's (st_dev, st_ino)
         self._lock = threading.Lock()  # one (re)opening at a time; users never wait for it
@@ -324,6 +361,8 @@ class ReviewStore:
             db.add_column("reviews", "size", "BIGINT NOT NULL DEFAULT 0")  # queues before 0.3
             db.add_column("reviews", "reviewer_via", "TEXT")  # before reviewer identities
             db.add_column("reviews", "history", "TEXT NOT NULL DEFAULT '[]'")  # before relabels
+            db.add_column("reviews", "history_dropped", "INTEGER NOT NULL DEFAULT 0")
+            db.add_column("reviews", "claimed_via", "TEXT")  # before the per-key claim bound
             self._fill_sizes(db)
             self.blobs.root.mkdir(parents=True, exist_ok=True)
             probe = self.blobs.root / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -611,6 +650,7 @@ class ReviewStore:
             "reviewed_at": row["reviewed_at"],
             "reviewer_via": row.get("reviewer_via"),
             "history": json.loads(row.get("history") or "[]"),
+            "history_dropped": int(row.get("history_dropped") or 0),
             "claimed_by": row["claimed_by"],
             "claim_expires": row["claim_expires"],
         }
@@ -623,13 +663,16 @@ class ReviewStore:
         order: Order = "oldest",
         model: str | None = None,
         now: float | None = None,
+        via: str = "shared_key",
     ) -> dict[str, Any] | None:
         """Hand the next pending item that nobody else holds to ``reviewer`` for ``lease_s``:
         the oldest, or with ``order="vgmu"`` the most uncertain (highest VGMU).
 
         An item this reviewer already holds comes first (a reloaded page gets its item back).
         Two reviewers — in one process or in two replicas on one PostgreSQL — never hold the same
-        item at once.
+        item at once. One key holds at most ``max_claims`` items: a personal key (``via
+        "key"``) under its name, the shared key (``via "shared_key"``) under all the names its
+        clients give together, so made-up names cannot hold the whole queue; past it a 409.
         """
         now = time.time() if now is None else now
         sort = _ORDER[order][1]
@@ -639,15 +682,46 @@ class ReviewStore:
             filt += " AND model = ?"
             params.append(model)
         with self._use() as conn, conn.transaction() as db:
+            if db.postgres:  # the count and the claim below as one step among replicas
+                db.execute("SELECT pg_advisory_xact_lock(?)", (_CLAIM_LOCK,))
+            self._check_claims(db, reviewer, via, model, now)
             row = db.fetchone(
-                "UPDATE reviews SET claimed_by = ?, claim_expires = ? WHERE id = ("
+                "UPDATE reviews SET claimed_by = ?, claim_expires = ?, claimed_via = ? WHERE id = ("
                 f"SELECT id FROM reviews WHERE {filt} "
                 f"ORDER BY CASE WHEN claimed_by = ? THEN 0 ELSE 1 END, {sort} LIMIT 1"
                 f"{db.skip_locked}) "
                 "AND state = 'pending' RETURNING *",
-                (reviewer, now + self.lease_s, *params, reviewer),
+                (reviewer, now + self.lease_s, via, *params, reviewer),
             )
         return self._public(row) if row else None
+
+    def _check_claims(
+        self, db: Database, reviewer: str, via: str, model: str | None, now: float
+    ) -> None:
+        """Refuse (409) a new claim by a key that holds ``max_claims`` items already; getting
+        back an item the reviewer holds (a reloaded page) is never refused."""
+        live = "state = 'pending' AND claimed_by IS NOT NULL AND claim_expires >= ?"
+        held_sql = f"SELECT COUNT(*) AS n FROM reviews WHERE {live} AND claimed_by = ?"
+        held_params: list[Any] = [now, reviewer]
+        if model:
+            held_sql += " AND model = ?"
+            held_params.append(model)
+        if int(db.scalar(held_sql, held_params)):
+            return
+        if via == "key":
+            n = db.scalar(f"SELECT COUNT(*) AS n FROM reviews WHERE {live} AND claimed_by = ? "
+                          "AND claimed_via = 'key'", (now, reviewer))  # fmt: skip
+            who = f"reviewer {reviewer!r}"
+        else:
+            n = db.scalar(f"SELECT COUNT(*) AS n FROM reviews WHERE {live} AND "
+                          "(claimed_via IS NULL OR claimed_via <> 'key')", (now,))  # fmt: skip
+            who = "the shared reviewer key (all the names its clients give)"
+        if int(n) >= self.max_claims:
+            raise Conflict(
+                f"{who} holds {int(n)} claimed item(s), the most one key may hold "
+                f"(VGE_REVIEW_MAX_CLAIMS={self.max_claims}): label or skip one, or wait for a "
+                f"lease to end ({self.lease_s:g} s)"
+            )
 
     def label(
         self,
@@ -700,21 +774,25 @@ class ReviewStore:
                     "claim another item"
                 )
             history = json.loads(row.get("history") or "[]")
+            dropped = int(row.get("history_dropped") or 0)
             relabel = row["state"] == "reviewed"
             if row["state"] != "pending":  # what it said before (a skip, or an earlier label)
                 history.append({
                     "state": row["state"], "label": row["label"], "reviewer": row["reviewer"],
                     "reviewer_via": row.get("reviewer_via"), "at": row["reviewed_at"],
                 })  # fmt: skip
+            if len(history) > self.max_history:  # the newest kept, the rest only counted
+                cut = len(history) - self.max_history
+                history, dropped = history[cut:], dropped + cut
             db.execute(
                 "UPDATE reviews SET state = ?, label = ?, reviewer = ?, reviewer_via = ?, "
-                "reviewed_at = ?, history = ?, claimed_by = NULL, claim_expires = NULL "
-                "WHERE id = ?",
-                (state, label, reviewer, via, now, json.dumps(history), item_id),
+                "reviewed_at = ?, history = ?, history_dropped = ?, claimed_by = NULL, "
+                "claim_expires = NULL, claimed_via = NULL WHERE id = ?",
+                (state, label, reviewer, via, now, json.dumps(history), dropped, item_id),
             )
             row.update(state=state, label=label, reviewer=reviewer, reviewed_at=now)
-            row.update(reviewer_via=via, history=json.dumps(history))
-            row.update(claimed_by=None, claim_expires=None)
+            row.update(reviewer_via=via, history=json.dumps(history), history_dropped=dropped)
+            row.update(claimed_by=None, claim_expires=None, claimed_via=None)
         return {**self._public(row), "relabelled": relabel}
 
     # ------------------------------------------------------------------ statistics, export
@@ -765,6 +843,17 @@ class ReviewStore:
             except FileNotFoundError:
                 continue
             yield r["label"], r["sha256"], data, r["content_type"]
+
+    def export_items(self, model: str | None = None) -> Iterator[tuple[str, bytes]]:
+        """``(path, PNG bytes)`` of every reviewed image as an ImageFolder member:
+        ``<class folder>/<sha256>.png``, the folder :func:`class_folder` of its label. What the
+        review export's tar and a training job's data hold: a class name never becomes a path
+        of its own (``../x`` or ``/abs`` would leave the folder they are written into)."""
+        from service.common.decode import to_png
+
+        for label, sha, data, ctype in self.reviewed(model):
+            png = data if ctype == "image/png" else to_png(data)
+            yield f"{class_folder(label)}/{sha}.png", png
 
     # ------------------------------------------------------------------ retention
     def sweep(self, retention_days: float, now: float | None = None) -> int:
@@ -817,4 +906,6 @@ def open_review_store(settings: Settings) -> ReviewStore:
         max_items=settings.review_max_items,
         max_bytes=settings.review_max_bytes,
         lease_s=settings.review_lease_s,
+        max_claims=settings.review_max_claims,
+        max_history=settings.review_max_history,
     )

@@ -17,6 +17,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+#: A directory name under models_root that the V2 repository index may list.
+_INDEX_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 # A field's ``json_schema_extra`` for a setting that is no ``vge serve`` flag of its own (derived
 # from another flag, or internal); every other field is one (service/cli/serve.py generates them).
@@ -77,6 +79,12 @@ class Settings(BaseSettings):
     models_root: Path = Field(
         Path("var/models"),
         description="Where training jobs write models and where promote looks them up.",
+    )
+    repository_index_models: str | None = Field(
+        None,
+        description="Directories under models_root that the anonymous V2 repository index "
+        "(POST /v2/repository/index) lists, comma-separated; it always lists the served model "
+        "and the shipped ones. Unset: no others (promote still finds every directory).",
     )
     device: str = Field("auto", description="auto (GPU when present), cpu, cuda, cuda:N or mps.")
     model_dir_explicit: bool = Field(
@@ -241,12 +249,19 @@ class Settings(BaseSettings):
     )
 
     # --- durable state ---------------------------------------------------------------------
-    db_url: str | None = Field(
+    db_url: SecretStr | None = Field(
         None,
         description="One database for the review queue, training-job history and promotion "
         "history: postgresql://user:pass@host/db lets several replicas share them; unset: SQLite "
-        "files (jobs_db_url, review_dir/reviews.sqlite3). The URL may hold a password: prefer "
-        "VGE_DB_URL to the flag, which shows in the process list.",
+        "files (jobs_db_url, review_dir/reviews.sqlite3). The URL may hold a password (masked "
+        "wherever the server prints or returns the URL).",
+    )
+    umask: str = Field(
+        "0077",
+        description="File-mode creation mask of the server and its processes (octal): with "
+        "0077 the files and directories it creates (review images, SQLite databases, job "
+        "folders and logs, trained models) are its user's alone (0600/0700); 0022 lets other "
+        "users read them.",
     )
 
     replica_name: str | None = Field(
@@ -278,6 +293,17 @@ class Settings(BaseSettings):
     review_retention_days: Annotated[float, Field(ge=0.0, le=36_500.0)] = Field(
         90.0, description="Delete reviewed/skipped items (rows and images) this old; 0: keep."
     )
+    review_max_claims: Annotated[int, Field(ge=1, le=100_000)] = Field(
+        10,
+        description="Items one reviewer key holds claimed at once: a personal key, or the shared "
+        "reviewer key (and the API key) for all the names its clients give; one more claim is a "
+        "409 until one is labelled, skipped or its lease ends.",
+    )
+    review_max_history: Annotated[int, Field(ge=0, le=10_000)] = Field(
+        50,
+        description="Earlier labels kept in an item's history (the newest); older ones are "
+        "dropped and counted (history_dropped).",
+    )
     reviewer_key: SecretStr | None = Field(
         None,
         description="Key for the review API and page (the api_key works too); unset both: off.",
@@ -303,6 +329,23 @@ class Settings(BaseSettings):
         8,
         description="Training jobs that may wait for a free slot (beyond max_concurrent_jobs "
         "running); a submission past it is a 409 naming this limit.",
+    )
+    job_memory_budget_bytes: Annotated[int, Field(ge=0)] = Field(
+        0,
+        description="Estimated peak memory one training job may need (parameters, gradients, "
+        "Adam state, the best-weights copy and one batch's activations); a job over it is "
+        "refused (422, saying by how much). 0: half of the host's memory (or its cgroup limit), "
+        "or 80 % of the GPU's for a job that trains on a GPU.",
+    )
+    job_log_max_bytes: Annotated[int, Field(ge=4096)] = Field(
+        16 * 1024 * 1024,
+        description="Bytes of one training job's log at most (16 MiB): past half of it the log "
+        "is rotated to train.log.1, and older lines are dropped.",
+    )
+    job_log_retention_days: Annotated[float, Field(ge=0.0, le=36_500.0)] = Field(
+        30.0,
+        description="Delete a finished training job's log (its folder under jobs_dir) this "
+        "long after it ended; the job's record and model stay. 0: keep.",
     )
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -349,10 +392,48 @@ class Settings(BaseSettings):
 
     @field_validator("db_url")
     @classmethod
-    def _check_db_url(cls, v: str | None) -> str | None:
+    def _check_db_url(cls, v: SecretStr | None) -> SecretStr | None:
         from service.common.db import check_url
 
-        return None if v is None else check_url(v, "db_url (VGE_DB_URL / --db-url)")
+        if v is not None:
+            check_url(v.get_secret_value(), "db_url (VGE_DB_URL / --db-url)")
+        return v
+
+    @field_validator("umask")
+    @classmethod
+    def _check_umask(cls, v: str) -> str:
+        try:
+            mask = int(v.strip(), 8)
+        except ValueError:
+            mask = -1
+        if not 0 <= mask <= 0o777:
+            raise ValueError(
+                f"umask {v!r} is not an octal file-mode mask from 0 to 0777 (VGE_UMASK, e.g. "
+                "0077 for private files, 0022 for files others can read)"
+            )
+        return f"{mask:04o}"
+
+    @field_validator("repository_index_models")
+    @classmethod
+    def _check_repository_index_models(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        names = [n.strip() for n in v.split(",") if n.strip()]
+        bad = [n for n in names if not _INDEX_NAME_RE.fullmatch(n)]
+        if bad:
+            raise ValueError(
+                f"repository_index_models: {bad[0][:80]!r} is not a model directory name "
+                "(letters, digits, '.', '_', '-'; a directory directly under models_root)"
+            )
+        return ",".join(names)
+
+    def repository_index_names(self) -> list[str]:
+        """``repository_index_models`` as a list of directory names under ``models_root``."""
+        return self.repository_index_models.split(",") if self.repository_index_models else []
+
+    def resolved_umask(self) -> int:
+        """``umask`` as the number :func:`os.umask` takes."""
+        return int(self.umask, 8)
 
     @field_validator("reviewer_keys")
     @classmethod
@@ -426,12 +507,14 @@ class Settings(BaseSettings):
     @property
     def jobs_database_url(self) -> str:
         """Where job and promotion history live: ``db_url``, else ``jobs_db_url``."""
-        return self.db_url or self.jobs_db_url
+        return self.db_url.get_secret_value() if self.db_url else self.jobs_db_url
 
     @property
     def reviews_database_url(self) -> str:
         """Where the review queue lives: ``db_url``, else ``review_dir/reviews.sqlite3``."""
-        return self.db_url or f"sqlite:///{self.review_dir / 'reviews.sqlite3'}"
+        if self.db_url:
+            return self.db_url.get_secret_value()
+        return f"sqlite:///{self.review_dir / 'reviews.sqlite3'}"
 
     def resolved_replica_name(self) -> str:
         """``replica_name``, else this host's name."""

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from models.data import MIXED_SUFFIX, parse_imagefolder
 from service.common.db import Database
 from service.common.errors import Conflict, InvalidValue, NotFound
+from service.common.job_logs import LOG_NAME, CappedLog, read_tail
 from service.common.metrics import JOB_STATES, Metrics
 from service.common.settings import Settings
 
@@ -65,6 +66,8 @@ _SERVER_SET = {
     "model's weights, or init: scratch",
 }
 CANCEL_GRACE_S = 10.0
+#: How often finished jobs' logs past their retention are looked for (at most).
+LOG_SWEEP_INTERVAL_S = 3600.0
 MAX_STORED_EVENTS = 5000
 
 _SCHEMA = """
@@ -151,6 +154,16 @@ class JobStore:
         )
         return [_row(r) for r in rows]
 
+    def finished_before(self, cutoff: float) -> list[str]:
+        """Ids of this replica's jobs that ended before ``cutoff`` (a time.time())."""
+        marks = ",".join("?" * len(TERMINAL))
+        rows = self.db.fetchall(
+            f"SELECT id FROM jobs WHERE state IN ({marks}) AND finished_at < ? "
+            "AND (owner = ? OR owner IS NULL)",
+            (*sorted(TERMINAL), cutoff, self.owner),
+        )
+        return [r["id"] for r in rows]
+
     def counts(self) -> dict[str, int]:
         rows = self.db.fetchall("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
         return {r["state"]: int(r["n"]) for r in rows}
@@ -172,8 +185,10 @@ def _child_main(
     events: Any,
     stop: Any,
     parent_pid: int,
+    log_max_bytes: int = 16 * 1024 * 1024,
 ) -> None:
-    """Entry point of the spawned training process (exits if the server process dies)."""
+    """Entry point of the spawned training process (exits if the server process dies). Its
+    output goes to the job's log, capped at ``log_max_bytes`` (:class:`CappedLog`)."""
     import contextlib
     import os
     import sys
@@ -187,7 +202,7 @@ def _child_main(
         os._exit(3)
 
     threading.Thread(target=_watch_parent, daemon=True).start()
-    log_file = open(log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    log_file = CappedLog(Path(log_path), log_max_bytes)
     sys.stdout = sys.stderr = log_file
     logging.basicConfig(level=logging.INFO, stream=log_file,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
@@ -235,6 +250,8 @@ class JobManager:
         self._closed = False
         self._submit_lock = threading.Lock()  # one submission at a time: capacity, then export
         self.on_finished: list[Any] = []
+        self._stopping = threading.Event()  # set by shutdown: the log sweeper ends
+        self._sweeper: threading.Thread | None = None
         self.reviews: Any = None  # service.common.reviews.ReviewStore when the review queue is on
 
     # ------------------------------------------------------------------ lifecycle
@@ -250,9 +267,44 @@ class JobManager:
         self.settings.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.settings.models_root.mkdir(parents=True, exist_ok=True)
         self._refresh_gauge()
+        if self.settings.job_log_retention_days > 0:
+            self._sweeper = threading.Thread(
+                target=self._sweep_logs_forever, daemon=True, name="vge-job-log-sweeper"
+            )
+            self._sweeper.start()
+
+    def sweep_logs(self, now: float | None = None) -> list[str]:
+        """Delete the folders (logs) of this replica's jobs that ended more than
+        ``job_log_retention_days`` ago; the ids whose folder was deleted. The job's record,
+        events and trained model stay: only its log goes."""
+        now = time.time() if now is None else now
+        cutoff = now - self.settings.job_log_retention_days * 86400.0
+        removed = []
+        for job_id in self.store.finished_before(cutoff):
+            folder = self.settings.jobs_dir / job_id
+            if folder.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(job_id)
+        if removed:
+            log.info("deleted the logs of %d job(s) past their retention: %s", len(removed),
+                     ", ".join(removed))  # fmt: skip
+        return removed
+
+    def _sweep_logs_forever(self) -> None:
+        """Sweep at start, then every :data:`LOG_SWEEP_INTERVAL_S` (or a tenth of the retention
+        when that is shorter) until :meth:`shutdown`."""
+        interval = min(LOG_SWEEP_INTERVAL_S, self.settings.job_log_retention_days * 8640.0)
+        while True:
+            try:
+                self.sweep_logs()
+            except Exception:  # noqa: BLE001 - a database outage: logged, tried again later
+                log.warning("sweeping job logs failed; retrying later", exc_info=True)
+            if self._stopping.wait(max(1.0, interval)):
+                return
 
     def shutdown(self, timeout_s: float = CANCEL_GRACE_S) -> None:
         """Stop running jobs (cooperatively, then by force) and mark them interrupted."""
+        self._stopping.set()
         with self._lock:
             self._closed = True
             running = dict(self._running)
@@ -271,6 +323,8 @@ class JobManager:
                               error="the server shut down while this job was queued or running")  # fmt: skip
             self._remove_export(job["id"])
         self._refresh_gauge()
+        if self._sweeper is not None:
+            self._sweeper.join(5)
         self.store.close()
 
     # ------------------------------------------------------------------ API
@@ -374,7 +428,43 @@ class JobManager:
             cfg.check_architecture(card)
         except ValueError as exc:
             raise InvalidValue(f"invalid training config: {exc}") from None
+        self._check_memory(cfg)
         return cfg, reviews
+
+    def memory_budget(self, device: str | None) -> int:
+        """The bytes one job may need: ``job_memory_budget_bytes``, else
+        :data:`JOB_MEMORY_FRACTION` of the memory of the device it trains on (its GPU's, or the
+        host's RAM or cgroup limit; :func:`models.training.budget.device_memory`)."""
+        from models.training.budget import JOB_MEMORY_FRACTION, device_memory
+
+        if self.settings.job_memory_budget_bytes:
+            return self.settings.job_memory_budget_bytes
+        dev = device_memory(device)
+        return int(JOB_MEMORY_FRACTION[dev.kind] * dev.total)
+
+    def _check_memory(self, cfg: TrainConfig) -> None:
+        """Refuse (422) a job whose estimated peak memory (parameters, gradients, optimiser
+        state, the best-weights copy, one batch's activations:
+        :func:`models.training.budget.estimate_training_memory`) is over :meth:`memory_budget`;
+        the message gives the estimate by part and by how much it is over."""
+        from models.training.budget import estimate_training_memory, gib
+
+        try:
+            estimate = estimate_training_memory(cfg)
+        except ValueError as exc:
+            raise InvalidValue(f"invalid training config: {exc}") from None
+        budget = self.memory_budget(cfg.device)
+        if estimate.total_bytes > budget:
+            source = (
+                "VGE_JOB_MEMORY_BUDGET_BYTES"
+                if self.settings.job_memory_budget_bytes
+                else "VGE_JOB_MEMORY_BUDGET_BYTES unset: a share of the training device's memory"
+            )
+            raise InvalidValue(
+                f"the training job needs about {estimate.describe()}; that is "
+                f"{gib(estimate.total_bytes - budget)} over the job memory budget of {gib(budget)} "
+                f"({source}): lower batch_size, members or the backbone's size"
+            )
 
     def _check_capacity(self) -> None:
         """Refuse a job that would wait beyond ``max_queued_jobs`` (409 naming the limit)."""
@@ -430,16 +520,21 @@ class JobManager:
 
     def _export_reviews(self, folder: Path) -> None:
         """Write the human-labelled review items as an ImageFolder into ``folder`` (the job's
-        own, so a job trains on the labels as they were when it was submitted). Nothing is left
-        behind when it fails or finds nothing to export."""
-        from service.common.decode import to_png
-
+        own, so a job trains on the labels as they were when it was submitted): one folder per
+        class, named by :func:`service.common.reviews.class_folder` (the class name when it is a
+        safe folder name, never a path). Nothing is left behind when it fails or finds nothing
+        to export."""
         n = 0
+        root = folder.resolve()
         try:
-            for label, sha, data, ctype in self.reviews.reviewed():
-                target = folder / label / f"{sha}.png"
+            for path, png in self.reviews.export_items():
+                # export_items names each image <safe class folder>/<sha256>.png; checked again
+                # here, where it becomes a file: nothing is written outside the job's folder.
+                target = (root / path).resolve()
+                if target.parent.parent != root:
+                    raise InvalidValue(f"review export: {path!r} is not a class folder's image")
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data if ctype == "image/png" else to_png(data))
+                target.write_bytes(png)
                 n += 1
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
@@ -481,13 +576,11 @@ class JobManager:
         return self.get(job_id)
 
     def logs(self, job_id: str, tail: int = 200) -> str:
+        """The last ``tail`` lines of a job's log, read from its end (never the whole file);
+        empty once the log is past its retention (``VGE_JOB_LOG_RETENTION_DAYS``)."""
         if self.store.get(job_id) is None:
             raise NotFound(f"unknown training job {job_id!r}")
-        path = self.settings.jobs_dir / job_id / "train.log"
-        if not path.exists():
-            return ""
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        return "\n".join(lines[-tail:]) + ("\n" if lines else "")
+        return read_tail(self.settings.jobs_dir / job_id, tail)
 
     # ------------------------------------------------------------------ internals
     def _refresh_gauge(self) -> None:
@@ -519,8 +612,8 @@ class JobManager:
         stop = self._ctx.Event()
         process = self._ctx.Process(
             target=_child_main,
-            args=(job_id, json.dumps(job["config"]), str(out_dir), str(job_dir / "train.log"),
-                  events, stop, os.getpid()),
+            args=(job_id, json.dumps(job["config"]), str(out_dir), str(job_dir / LOG_NAME),
+                  events, stop, os.getpid(), self.settings.job_log_max_bytes),
             name=f"vge-train-{job_id}",
             daemon=True,
         )  # fmt: skip

@@ -6,11 +6,12 @@ and watches the training processes); these routes forward to it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import Response
 
+from service.common.job_logs import render_text
 from service.common.wire import CancelJob, GetJob, JobLogs, ListJobs, SubmitJob
 from service.frontend.auth import ApiKey
 from service.frontend.deps import State
@@ -67,9 +68,35 @@ async def cancel_job(job_id: str, _: ApiKey, state: State) -> dict[str, Any]:
     return (await state.engine.call(CancelJob(job_id))).job
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse)
+@router.get(
+    "/{job_id}/logs",
+    response_class=Response,
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "The last tail lines of the log, each ending in a newline.",
+        }
+    },
+)
 async def job_logs(
-    job_id: str, _: ApiKey, state: State, tail: Annotated[int, Query(ge=1, le=100_000)] = 200
-) -> str:
-    """The last ``tail`` lines of the job's training log."""
-    return (await state.engine.call(JobLogs(job_id, tail))).text
+    job_id: str,
+    _: ApiKey,
+    state: State,
+    tail: Annotated[int, Query(ge=1, le=100_000)] = 200,
+    log_format: Annotated[
+        Literal["raw", "text"],
+        Query(
+            alias="format",
+            description="raw: the log as the job wrote it (progress events are JSON lines); "
+            "text: for a person, each progress event as one short line "
+            "(epoch, step, losses, accuracy, time left), other lines as written.",
+        ),
+    ] = "raw",
+) -> Response:
+    """The last ``tail`` lines of the job's training log, read from its end (a log is capped at
+    ``VGE_JOB_LOG_MAX_BYTES`` and deleted ``VGE_JOB_LOG_RETENTION_DAYS`` after the job ends:
+    then empty). Errors are JSON, as everywhere."""
+    text = (await state.engine.call(JobLogs(job_id, tail))).text
+    if log_format == "text":
+        text = render_text(text)
+    return Response(text, media_type="text/plain; charset=utf-8")

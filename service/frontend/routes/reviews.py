@@ -28,6 +28,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from service.common.errors import Forbidden
 from service.common.reviews import ReviewStore
 from service.frontend.auth import ReviewerKey
 from service.frontend.deps import State
@@ -82,11 +83,18 @@ class ClaimRequest(BaseModel):
 
 def _who(request: Request, given: str | None) -> tuple[str, str]:
     """Who acts and how they were identified: a personal key's name (``key``), else the name the
-    client gives with the shared key (``shared_key``)."""
+    client gives with the shared key (``shared_key``), which may not be the name of a reviewer
+    with a personal key (403): a shared-key client cannot claim, label or skip as them."""
     name, via = getattr(request.state, "reviewer", (None, "shared_key"))
     if name is not None:
         return name, via
-    return given or DEFAULT_REVIEWER, via
+    who = given or DEFAULT_REVIEWER
+    if who in request.app.state.settings.reviewer_names().values():
+        raise Forbidden(
+            f"reviewer {who!r} has a personal key (VGE_REVIEWER_KEYS): act as them with their "
+            "key; with the shared key, give another reviewer name"
+        )
+    return who, via
 
 
 def _closed(state: State, item: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +146,9 @@ async def review_stats(_: ReviewerKey, state: State, model: ModelName = None) ->
     responses={200: {"content": {"application/x-tar": {}}, "description": "ImageFolder tar."}},
 )
 async def export_reviews(_: ReviewerKey, state: State, model: ModelName = None) -> Response:
-    """Stream the reviewed items as an ImageFolder tar: ``<label>/<sha256>.png``."""
+    """Stream the reviewed items as an ImageFolder tar: ``<class>/<sha256>.png``, the class's
+    name as its folder when it is a safe folder name, else percent-encoded
+    (``service.common.reviews.class_folder``)."""
     store = state.review_store()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return StreamingResponse(
@@ -149,14 +159,12 @@ async def export_reviews(_: ReviewerKey, state: State, model: ModelName = None) 
 
 
 def _tar_stream(store: ReviewStore, model: str | None) -> Iterator[bytes]:
-    """A tar written item by item (Starlette runs this sync generator in a thread)."""
-    from service.common.decode import to_png
-
+    """A tar written item by item (Starlette runs this sync generator in a thread); its members
+    are ``<class folder>/<sha256>.png`` (``ReviewStore.export_items``), never another path."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w|") as tar:
-        for label, sha, data, ctype in store.reviewed(model):
-            png = data if ctype == "image/png" else to_png(data)
-            info = tarfile.TarInfo(f"{label}/{sha}.png")
+        for path, png in store.export_items(model):
+            info = tarfile.TarInfo(path)
             info.size, info.mtime, info.mode = len(png), int(time.time()), 0o644
             tar.addfile(info, io.BytesIO(png))
             yield buf.getvalue()
@@ -165,16 +173,18 @@ def _tar_stream(store: ReviewStore, model: str | None) -> Iterator[bytes]:
     yield buf.getvalue()
 
 
-@router.post("/claim")
+@router.post("/claim", responses=error_responses(409))
 async def claim_review(
     _: ReviewerKey, state: State, request: Request, body: ClaimRequest | None = None
 ) -> dict[str, Any]:
     """Hand the next pending item to this reviewer for a lease (``review`` null when none);
-    no two reviewers hold the same item, across replicas too. The body is optional."""
+    no two reviewers hold the same item, across replicas too. The body is optional. One key
+    holds at most ``VGE_REVIEW_MAX_CLAIMS`` items (the shared key: all its names together);
+    past it a 409. A name with a personal key cannot be given with the shared key (403)."""
     body = body or ClaimRequest()
     store = state.review_store()
-    who, _via = _who(request, body.reviewer)
-    item = await asyncio.to_thread(store.claim, who, order=body.order, model=body.model)
+    who, via = _who(request, body.reviewer)
+    item = await asyncio.to_thread(store.claim, who, order=body.order, model=body.model, via=via)
     pending = await asyncio.to_thread(store.pending_count, body.model)
     return {"review": item, "pending": pending, "lease_s": store.lease_s, "reviewer": who}
 
