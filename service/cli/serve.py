@@ -117,10 +117,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     from service.common.settings import Settings
 
     overrides = {n: getattr(args, n) for n in cli_fields() if getattr(args, n, None) is not None}
-    if "model_dir" in overrides:
-        # Chosen on the command line for this start: it wins over the model history, where
-        # VGE_MODEL_DIR (a deployment's standing configuration) names only the first start's model.
-        overrides["model_dir_explicit"] = True
+    # --model-dir is the configured model like VGE_MODEL_DIR: the engine compares it with the
+    # previous start's (service.engine.model_manager.ModelManager.load_initial).
     return Settings(**overrides)
 
 
@@ -130,11 +128,11 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValidationError as exc:
         problems = validation_problems(exc.errors(), what="settings")
+        print(f"vge serve: error: invalid settings: {problems}", file=sys.stderr)
+        return 2
     # Every file and directory the server and its processes create (review images, SQLite
     # databases, job folders and logs, trained models) gets this mask; children inherit it.
     os.umask(settings.resolved_umask())
-        print(f"vge serve: error: invalid settings: {problems}", file=sys.stderr)
-        return 2
     if settings.model_dir is None:
         from models.zoo import resolve_model_dir
 

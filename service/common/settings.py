@@ -71,10 +71,10 @@ class Settings(BaseSettings):
     # --- model -------------------------------------------------------------------------------
     model_dir: Path | None = Field(
         None,
-        description="Directory of the model to serve at the first start; default: the shipped "
-        "zoo model. Later starts restore the model history's newest entry (the last promoted or "
-        "rolled-back model) unless model_dir_explicit; `vge serve --model-dir` sets that, so as "
-        "a flag it wins over the model history.",
+        description="Directory (or shipped model's name) of the model to serve; default: the "
+        "shipped default model. A promote or rollback survives restarts of the same "
+        "configuration; a start whose configured model (this, or none = the shipped default) "
+        "differs from the previous start's serves what it was told and logs it.",
     )
     models_root: Path = Field(
         Path("var/models"),
@@ -89,9 +89,9 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto (GPU when present), cpu, cuda, cuda:N or mps.")
     model_dir_explicit: bool = Field(
         False,
-        description="Serve model_dir at this start even when the model history records another "
-        "served model (`vge serve --model-dir` sets it). Otherwise model_dir is the model of the "
-        "first start only: later starts restore the last started, promoted or rolled-back model.",
+        description="Serve model_dir at this start even when a promote or rollback under the "
+        "same configuration is recorded (environment only: a one-start override; a changed "
+        "model_dir needs none).",
         json_schema_extra=NO_FLAG,
     )
     promote_max_accuracy_drop: Annotated[float, Field(ge=0.0, le=1.0)] = Field(

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from models.evaluation.drift import DRIFT_SCORES, bin_fractions, psi
+from models.evaluation.drift import DRIFT_EDGES, DRIFT_SCORES, bin_fractions, psi
 from models.serving import ScoreColumns
 from service.common.metrics import Metrics, inc_many, observe_many
 
@@ -26,6 +26,37 @@ MIN_SAMPLES = 200
 UPDATE_EVERY_S = 1.0
 
 
+def monitor_inputs(card: Any) -> tuple[dict[str, np.ndarray], float | None]:
+    """What a monitor reads of ``card``: the reference fractions per drift score (as arrays of
+    :data:`~models.evaluation.drift.DRIFT_EDGES`' bins) and the calibrated deferral rate (the
+    reference's, else the calibration's achieved one; None: not calibrated).
+
+    The model manager calls it while it loads a model, before the model is recorded or served
+    (``model_manager._load_sync``): a card whose reference the monitor cannot read is refused
+    there, never after the swap. ``ValueError`` naming the field otherwise (a card read through
+    :class:`models.checkpoint.ModelCard` has been validated against the same shape)."""
+    ref = getattr(card, "uncertainty_reference", None) or {}
+    reference = {}
+    for score, fractions in (ref.get("fractions") or {}).items():
+        values = np.asarray(fractions, dtype=np.float64)
+        if values.shape != (len(DRIFT_EDGES) - 1,) or not np.isfinite(values).all():
+            raise ValueError(
+                f"uncertainty_reference.fractions.{score}: {len(DRIFT_EDGES) - 1} finite "
+                "fractions expected"
+            )
+        reference[str(score)] = values
+    deferral = ref.get("deferral")
+    if deferral is None:
+        deferral = (getattr(card, "abstain_calibration", None) or {}).get("achieved_deferral")
+    try:
+        value = None if deferral is None else float(deferral)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if value is not None and not 0.0 <= value <= 1.0:  # NaN fails too
+        raise ValueError(f"uncertainty_reference.deferral: {deferral!r} is not a rate in [0, 1]")
+    return reference, value
+
+
 class UncertaintyMonitor:
     """Per served model: observe answers, keep the window, export drift."""
 
@@ -33,13 +64,9 @@ class UncertaintyMonitor:
         self.model = model
         self.metrics = metrics
         self.class_names = [str(c) for c in card.class_names]
-        ref = getattr(card, "uncertainty_reference", None) or {}
-        self.reference = {k: np.asarray(v) for k, v in (ref.get("fractions") or {}).items()}
-        deferral = ref.get("deferral")
-        if deferral is None:
-            deferral = (getattr(card, "abstain_calibration", None) or {}).get("achieved_deferral")
+        self.reference, deferral = monitor_inputs(card)
         if deferral is not None:
-            metrics.calibrated_deferral.labels(model=model).set(float(deferral))
+            metrics.calibrated_deferral.labels(model=model).set(deferral)
         self._deferral_exported = deferral is not None
         self.retired = False  # the model is no longer served (see retire)
         self._values = np.zeros((window, 3))  # columns: vgmu, eu, abstain

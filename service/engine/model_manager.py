@@ -12,14 +12,16 @@ set, and the JSON that ``GET /v1/models`` shows.
 
 **The served model is durable state.** Every change of the served model (start, promote, reload,
 rollback) is recorded in :class:`ModelHistory` (the jobs database) *before* it is swapped in, with
-the weights' sha256; the engine restores the newest entry at every start (a crash, ``kill -9``,
-or a full stop and start), after checking that the weights still hash to what was recorded.
-``model_dir`` is the model of the first start only, unless it was given explicitly
-(``vge serve --model-dir``, ``Settings.model_dir_explicit``), which wins over the history at that
-start (not at the engine's restarts within the same run). A recorded model that cannot be loaded
-(deleted, altered) is never replaced silently: the start model is served, an ERROR log line names
-the directory and what to do, ``vge_model_restore_failed`` is 1 and ``/v1/models`` carries
-``restore_failed``, until a promote, reload or rollback records what is served.
+the weights' sha256, and only once everything that can fail about it has passed (:func:`_load_sync`:
+the card validated whole, the weights checked against it, the monitor's inputs, the warm-up): a
+model is in the history only if it served. The rule of what a start serves: a promote or rollback
+survives restarts of the same configuration; a start whose configured model (--model-dir /
+VGE_MODEL_DIR, or none = the shipped default) differs from the previous start's serves what it was
+told and logs it (:meth:`ModelManager.load_initial`). A recorded model that cannot be loaded, for
+whatever reason, is never replaced silently and never stops the server: the start model is served,
+an ERROR log line names the directory and what to do, ``vge_model_restore_failed`` is 1 and
+``/v1/models`` carries ``restore_failed``, until a promote, reload or rollback records what is
+served.
 
 **The promote gate** (:func:`gate_comparison`): before a promote serves a candidate, it and the
 served model are evaluated on the same fixed data (the bundled MNIST test split and the held-out
@@ -120,21 +122,54 @@ def _describe(predictor: ServedPredictor, generation: int, device: str) -> Model
     return ModelInfo(**{**info.__dict__, "description": description})
 
 
+class ModelLoadError(ValueError):
+    """A model directory that cannot be served: its card, its weights, the monitor's inputs or
+    its warm-up failed. The message names the directory, the step and the problem (a 422 to the
+    operator who asked for it; at an engine start, the reason in ``restore_failed``)."""
+
+
 def _load_sync(
     model_dir: Path, device: str, generation: int, compile_: bool, max_batch: int = 1
 ) -> LoadedModel:
+    """Everything that can fail about serving ``model_dir``, before any of it is recorded or
+    served: the card validated whole and the weights checked against it
+    (:func:`models.checkpoint.load_checkpoint`), the uncertainty monitor's inputs
+    (:func:`service.engine.drift.monitor_inputs`), the description, and a warm-up through the
+    serving path whose answers must be finite. Raises :class:`ModelLoadError` (or
+    ``CheckpointError``, also a ``ValueError``) naming the step; a model that returns from here
+    only has to be recorded and swapped in."""
     from models.predictor import Predictor, bucket_sizes
+    from service.engine.drift import monitor_inputs
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available; use --device cpu")
-    predictor = Predictor.from_dir(model_dir, device=device)
-    if compile_:  # every bucket a batch of up to max_batch runs in: compiled and captured now
-        predictor.compile(warm_up=bucket_sizes(max_batch))
-    # Warm up (and, when compiled, capture) so the first request is not slow.
-    x = predictor.conform(torch.zeros((1, 28, 28), dtype=torch.uint8)).unsqueeze(0)
-    out = predictor.run([x])
-    predictor.score_columns(out, predictor.options())
-    return LoadedModel(predictor, Path(model_dir), _describe(predictor, generation, device))
+    step = "loading"
+    try:
+        predictor = Predictor.from_dir(model_dir, device=device)
+        step = "the uncertainty monitor's inputs"
+        monitor_inputs(predictor.card)
+        step = "compiling"
+        if compile_:  # every bucket a batch of up to max_batch runs in: compiled and captured now
+            predictor.compile(warm_up=bucket_sizes(max_batch))
+        # Warm up (and, when compiled, capture) so the first request is not slow.
+        step = "the warm-up"
+        x = predictor.conform(torch.zeros((1, 28, 28), dtype=torch.uint8)).unsqueeze(0)
+        out = predictor.run([x])
+        columns = predictor.score_columns(out, predictor.options())
+        if not np.isfinite(columns.data).all():
+            raise ValueError("the model's answer to a blank image is not finite (NaN/inf weights?)")
+        step = "its description"
+        info = _describe(predictor, generation, device)
+    except (ValueError, OSError) as exc:
+        if step == "loading":  # CheckpointError, a missing file: they name the file and field
+            raise
+        raise ModelLoadError(f"{model_dir}: {step} failed: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any failure of this model: refused, named
+        problem = str(exc).splitlines()[0] if str(exc) else ""
+        raise ModelLoadError(
+            f"{model_dir}: {step} failed: {type(exc).__name__}: {problem}"
+        ) from exc
+    return LoadedModel(predictor, Path(model_dir), info)
 
 
 _HISTORY_SCHEMA = """
@@ -147,8 +182,34 @@ CREATE TABLE IF NOT EXISTS model_history (
     version TEXT NOT NULL,
     model_dir TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS model_history_replica_at ON model_history (replica, at)
+CREATE INDEX IF NOT EXISTS model_history_replica_at ON model_history (replica, at);
+CREATE TABLE IF NOT EXISTS model_start_config (
+    replica TEXT PRIMARY KEY,
+    configured TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL
+)
 """
+
+#: :meth:`ModelHistory.configured` of a start that names no model (the shipped default).
+CONFIGURED_DEFAULT = ""
+
+
+def configured_model(model_dir: Path | None) -> str:
+    """How a start's configured model is recorded and compared: ``--model-dir`` /
+    ``VGE_MODEL_DIR`` resolved to an absolute directory (a shipped model's name to its
+    directory), or :data:`CONFIGURED_DEFAULT` when none is given. "None" is its own
+    configuration: it follows the shipped default wherever the package is installed."""
+    if model_dir is None or str(model_dir) == "":
+        return CONFIGURED_DEFAULT
+    return str(resolve_model_dir(model_dir).resolve())
+
+
+def describe_configured(configured: str | None) -> str:
+    """A recorded configuration as a person reads it in the log and the history's notes."""
+    if configured is None:
+        return "not recorded"
+    return "none (the shipped default)" if configured == CONFIGURED_DEFAULT else configured
+
 
 #: Columns added after the table was first created; older databases get them at start
 #: (:meth:`Database.add_column`). ``comparison`` holds the promote gate's comparison as JSON text.
@@ -228,6 +289,23 @@ class ModelHistory:
         """The newest entry: the model this replica should be serving (None: never served)."""
         rows = self.entries(1)
         return rows[0] if rows else None
+
+    def configured(self) -> str | None:
+        """The configured model of this replica's previous start (:func:`configured_model`), or
+        None when no start recorded one (a database from before configurations were kept)."""
+        row = self.db.fetchone(
+            "SELECT configured FROM model_start_config WHERE replica = ?", (self.replica,)
+        )
+        return None if row is None else str(row["configured"])
+
+    def set_configured(self, configured: str) -> None:
+        """Record the configured model of this start (one row per replica: the latest)."""
+        self.db.execute(
+            "INSERT INTO model_start_config (replica, configured, at) VALUES (?, ?, ?) "
+            "ON CONFLICT (replica) DO UPDATE SET configured = excluded.configured, "
+            "at = excluded.at",
+            (self.replica, configured, time.time()),
+        )
 
     def latest_start(self) -> dict[str, Any] | None:
         """The newest ``start`` entry: the configured model of the last start that recorded one."""
@@ -526,57 +604,106 @@ class ModelManager:
             return self._swap(loaded, self._served(entry, action, gate=comparison))
 
     async def load_initial(self, first_start: bool = True) -> LoadedModel:
-        """The model to serve at an engine start: the newest history entry (restored, after
-        checking its weights' sha256), else the configured model (``model_dir``: a directory or
-        a zoo model's name; else the shipped default). ``model_dir`` given explicitly
-        (``model_dir_explicit``), or a ``model_dir`` other than the last recorded start's (a new
-        deployment), wins at the first engine start of a run (``first_start``), not at its
-        restarts. A recorded model that cannot be restored: the configured model,
-        reported loudly (:attr:`restore_failed`, log, metric)."""
+        """The model to serve at an engine start, by the rule: a promote or rollback survives
+        restarts of the same configuration; a start whose configured model (--model-dir /
+        VGE_MODEL_DIR, or none = the shipped default) differs from the previous start's serves
+        what it was told and logs it.
+
+        So at the first engine start of a ``vge serve`` run (``first_start``) the configured
+        model (:func:`configured_model`) is compared with the one the previous start recorded
+        (:meth:`ModelHistory.configured`): the same, and the newest history entry is restored
+        (after checking its weights' sha256 and loading it whole); another, and the configured
+        model is served and recorded as a ``start`` whose note names both. The engine's restarts
+        within a run always restore. An empty history serves the configured model;
+        ``model_dir_explicit`` (``VGE_MODEL_DIR_EXPLICIT``) serves it at this start whatever the
+        history says. A database from before configurations were recorded compares
+        ``VGE_MODEL_DIR`` with the newest ``start`` entry, as that version did.
+
+        A recorded model that fails at any step (its files, card, weights, monitor, warm-up,
+        memory: any ``Exception``) never stops the start: the configured model serves, reported
+        (:attr:`restore_failed`, an ERROR log line, ``vge_model_restore_failed``); at a restart,
+        should the configured model fail too, the shipped default serves. A configured model
+        that fails at the first start is a configuration error: the start fails, naming it."""
         start_dir = resolve_model_dir(self.settings.model_dir)
-        latest = None
+        configured = configured_model(self.settings.model_dir)
+        latest = previous = None
         if self.history is not None:
             latest = await asyncio.to_thread(self.history.latest)
+            if first_start:
+                previous = await asyncio.to_thread(self.history.configured)
         self.metrics.model_restore_failed.set(0)
         if latest is None:
-            return await self.load(start_dir, "start")
+            loaded = await self.load(start_dir, "start")
+            await self._remember_configured(configured)
+            return loaded
         recorded = f"{latest['model']} {latest['version']} from {latest['model_dir']} " \
                    f"({latest['action']} at {_iso(latest['at'])})"  # fmt: skip
-        if self.settings.model_dir_explicit and first_start:
-            log.warning(
-                "model_dir %s given explicitly (--model-dir, VGE_MODEL_DIR_EXPLICIT): serving "
-                "it, not %s, which the model history records", start_dir, recorded,
-            )  # fmt: skip
-            return await self.load(start_dir, "start", note="model_dir given explicitly")
-        if first_start and self.settings.model_dir is not None:
-            # A VGE_MODEL_DIR other than the last start's is a new deployment (the documented
-            # rolling-restart rollout points it at a new directory): it wins over what was
-            # promoted at run time under the old configuration. The same one: restore.
-            last = await asyncio.to_thread(self.history.latest_start)  # type: ignore[union-attr]
-            if last is not None and Path(start_dir).resolve() != Path(last["model_dir"]):
+        if first_start:
+            note = await self._new_configuration(configured, previous, start_dir)
+            if note is not None:
                 log.warning(
-                    "model_dir %s (VGE_MODEL_DIR) changed since the last start (%s): serving it, "
-                    "not %s, which the model history records", start_dir, last["model_dir"],
-                    recorded,
+                    "%s: serving %s, not %s, which the model history records (a promote or "
+                    "rollback survives restarts of the same configuration only)",
+                    note, start_dir, recorded,
                 )  # fmt: skip
-                return await self.load(start_dir, "start", note="VGE_MODEL_DIR changed")
+                loaded = await self.load(start_dir, "start", note=note)
+                await self._remember_configured(configured)
+                return loaded
+            await self._remember_configured(configured)
         async with self._lock:
             try:
                 await asyncio.to_thread(check_recorded_weights, latest)
                 loaded = await self._load(Path(latest["model_dir"]))
             except Exception as exc:  # noqa: BLE001 - any failure: serve the start model, loudly
-                return await self._restore_failed(latest, recorded, exc, start_dir)
+                return await self._restore_failed(latest, recorded, exc, start_dir, first_start)
         log.info("restored %s (weights sha256 verified)", recorded)
         restored_from = {"history_id": latest["id"], "action": latest["action"],
                          "at": _iso(latest["at"])}  # fmt: skip
         return self._swap(loaded, self._served(latest, "restored", restored_from=restored_from))
 
+    async def _new_configuration(
+        self, configured: str, previous: str | None, start_dir: Path
+    ) -> str | None:
+        """Why this first start serves its configured model rather than the history's newest
+        entry (the note of its ``start`` entry), or None: restore."""
+        if self.settings.model_dir_explicit:
+            return "model_dir given explicitly (VGE_MODEL_DIR_EXPLICIT)"
+        if previous is not None:
+            if previous == configured:
+                return None
+            return (
+                f"configured model changed: {describe_configured(configured)}, was "
+                f"{describe_configured(previous)}"
+            )
+        # No configuration recorded yet (an older database): its rule, VGE_MODEL_DIR against
+        # the newest start entry; a start naming no model restored.
+        if self.settings.model_dir is None or self.history is None:
+            return None
+        last = await asyncio.to_thread(self.history.latest_start)
+        if last is not None and Path(start_dir).resolve() != Path(last["model_dir"]):
+            return f"configured model changed: {configured}, was {last['model_dir']}"
+        return None
+
+    async def _remember_configured(self, configured: str) -> None:
+        """Record this start's configured model (what the next start compares with)."""
+        if self.history is not None:
+            await asyncio.to_thread(self.history.set_configured, configured)
+
     async def _restore_failed(
-        self, latest: dict[str, Any], recorded: str, exc: BaseException, start_dir: Path
+        self,
+        latest: dict[str, Any],
+        recorded: str,
+        exc: BaseException,
+        start_dir: Path,
+        first_start: bool = True,
     ) -> LoadedModel:
         """Serve the start model instead of the recorded one that failed (lock held), and say so
         in the log (ERROR), the metric and ``/v1/models``. Nothing is recorded: every start
-        retries the recorded model until an operator chooses one (promote, rollback, reload)."""
+        retries the recorded model until an operator chooses one (promote, rollback, reload).
+
+        At an engine restart (not ``first_start``) a start model that fails too gives way to the
+        shipped default: a restart never ends in an engine that cannot serve, and so never in
+        a supervisor that gives up. At the first start it is a configuration error (raised)."""
         problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         fix = (
             f"put the model back at {latest['model_dir']} and restart the server, or choose the "
@@ -599,7 +726,19 @@ class ModelManager:
             "fix": fix,
         }
         self.metrics.model_restore_failed.set(1)
-        loaded = await self._load(start_dir)
+        try:
+            loaded = await self._load(start_dir)
+        except Exception as start_exc:
+            default = resolve_model_dir(None)
+            if first_start or Path(start_dir).resolve() == default.resolve():
+                raise
+            start_problem = str(start_exc).splitlines()[0] or type(start_exc).__name__
+            log.error(
+                "the start model %s cannot be loaded either (%s): serving the shipped default "
+                "%s", start_dir, start_problem, default,
+            )  # fmt: skip
+            self.restore_failed["start_model_error"] = start_problem
+            loaded = await self._load(default)
         return self._swap(loaded, self._served(None, "start", restore_failed=self.restore_failed))
 
     # ------------------------------------------------------------------ the promote gate

@@ -85,7 +85,7 @@ def test_every_setting_is_a_flag_and_every_flag_a_setting() -> None:
     """The flags are generated from Settings: they cannot drift from it. Only fields marked
     NO_FLAG (derived or internal) have none."""
     no_flag = {n for n, f in Settings.model_fields.items() if f.json_schema_extra == NO_FLAG}
-    assert no_flag == {"model_dir_explicit"}  # --model-dir sets it
+    assert no_flag == {"model_dir_explicit"}  # a one-start override: environment only
     actions = _flag_actions()
     assert {a.dest for a in actions.values()} == set(Settings.model_fields) - no_flag
     assert set(actions) == {"--" + n.replace("_", "-") for n in Settings.model_fields} - {
@@ -116,7 +116,7 @@ def test_help_shows_each_settings_description_env_var_and_default() -> None:
     assert "(VGE_PORT; default: 8000)" in " ".join(r.stdout.split())
 
 
-def test_review_queue_alone_means_on_and_model_dir_flag_is_explicit(
+def test_review_queue_alone_means_on_and_model_dir_flag_is_the_configured_model(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("VGE_REVIEW_QUEUE", raising=False)
@@ -124,9 +124,11 @@ def test_review_queue_alone_means_on_and_model_dir_flag_is_explicit(
     assert settings_from_args(_parse("--review-queue")).review_queue == "on"
     assert settings_from_args(_parse("--review-queue", "off")).review_queue == "off"
     monkeypatch.setenv("VGE_MODEL_DIR", str(tmp_path))
-    assert not settings_from_args(_parse()).model_dir_explicit  # the env var: first start only
+    assert not settings_from_args(_parse()).model_dir_explicit
+    # --model-dir configures the model as VGE_MODEL_DIR does: no override of the history (the
+    # engine serves it when it differs from the previous start's configured model)
     s = settings_from_args(_parse("--model-dir", str(tmp_path)))
-    assert s.model_dir == tmp_path and s.model_dir_explicit
+    assert s.model_dir == tmp_path and not s.model_dir_explicit
 
 
 @pytest.mark.parametrize(
