@@ -335,8 +335,19 @@ def _split_fingerprint(split: dict[str, np.ndarray]) -> list[bytes]:
     return [split[k].astype("<i8").tobytes() for k in ("train", "val", "test")]
 
 
+def read_as_served(images: np.ndarray) -> np.ndarray:
+    """uint8 digits ``(N, 28, 28)`` as the server reads them (:func:`models.prepare.canonicalise`,
+    prepare=mnist): training, evaluation and serving see the same pixels. MNIST's digits are
+    canonical already and come out as they are, but for the rare one whose box or centre of mass
+    is a pixel off (106 of the 8,000 bundled digits: re-framed)."""
+    from models.prepare import canonicalise
+
+    return np.stack([canonicalise(torch.from_numpy(im)).image[0].numpy() for im in images])
+
+
 def _load_mnist_bundled(max_train_samples: int | None) -> DataBundle:
-    images, labels = load_bundled_mnist()
+    source, labels = load_bundled_mnist()
+    images = read_as_served(source)
     split = bundled_split()
     raw = torch.from_numpy(images).unsqueeze(1)  # (N, 1, 28, 28) uint8
     train_px = raw[torch.from_numpy(split["train"])].float().div_(255.0)
@@ -362,9 +373,9 @@ def _load_mnist_bundled(max_train_samples: int | None) -> DataBundle:
         input_size=(28, 28),
         mean=(mean,),
         std=(std,),
-        fingerprint=_fingerprint(
+        fingerprint=_fingerprint(  # of the source digits: the reading is the code's, not data
             "mnist-bundled",
-            images.tobytes(),
+            source.tobytes(),
             labels.astype("<i8").tobytes(),
             *_split_fingerprint(split),
         ),
@@ -470,7 +481,12 @@ def _load_imagefolder(
     )
     has_splits = all((path / s).is_dir() for s in ("train", "val", "test"))
     root_train = path / "train" if has_splits else path
-    probe = ImageFolder(str(root_train), transform=probe_tf, loader=loader)
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    def valid(p: str) -> bool:  # an image file, and not a symbolic link out of the data root
+        return p.lower().endswith(IMG_EXTENSIONS) and inside(Path(p), path)
+
+    probe = ImageFolder(str(root_train), transform=probe_tf, loader=loader, is_valid_file=valid)
     if len(probe) == 0:
         raise ValueError(f"no images found under {root_train}")
     probe_idx = np.linspace(0, len(probe) - 1, num=min(512, len(probe))).astype(int)
@@ -480,7 +496,7 @@ def _load_imagefolder(
     tf = _transform(mean, std, size)
     if has_splits:
         parts = {
-            s: ImageFolder(str(path / s), transform=tf, loader=loader)
+            s: ImageFolder(str(path / s), transform=tf, loader=loader, is_valid_file=valid)
             for s in ("train", "val", "test")
         }
         files = [
@@ -492,7 +508,7 @@ def _load_imagefolder(
             train_ds = Subset(train_ds, list(range(min(max_train_samples, len(train_ds)))))
         split_bytes: list[bytes] = []
     else:
-        full = ImageFolder(str(path), transform=tf, loader=loader)
+        full = ImageFolder(str(path), transform=tf, loader=loader, is_valid_file=valid)
         labels = np.asarray(full.targets, dtype=np.int64)
         split = stratified_split(labels)
         tr = split["train"] if max_train_samples is None else split["train"][:max_train_samples]
@@ -518,6 +534,15 @@ def _load_imagefolder(
     )
 
 
+def inside(path: Path, root: Path) -> bool:
+    """``path`` resolves (symbolic links followed) to a place under ``root``: data roots are
+    read, never what a link in them points at elsewhere (another job's files, /etc)."""
+    try:
+        return path.resolve().is_relative_to(root.resolve())
+    except OSError:
+        return False
+
+
 def _read_image(path: Path) -> torch.Tensor:
     """One image file as uint8 ``(C, H, W)``, decoded as the service decodes uploads
     (``torchvision.io.decode_image``, unchanged mode; first frame; 16-bit scaled to 8)."""
@@ -540,8 +565,9 @@ def _load_mixed(path: Path, image_size: int | None, max_train_samples: int | Non
     """The bundled MNIST (its validation and test splits and normalisation unchanged) with every
     image of ``path/<class name>/*`` added to the training split, labelled by class *name*.
 
-    Images are decoded and conformed like served ones (grayscale, 28x28; see :func:`conform_image`)
-    and normalised with the bundled statistics. ``max_train_samples`` truncates the bundled part
+    Images are decoded and read like served ones (:func:`models.prepare.canonicalise`: the
+    digit found on the picture, as MNIST was made) and normalised with the bundled statistics.
+    Files and class folders that are symbolic links out of ``path`` are not read. ``max_train_samples`` truncates the bundled part
     only. Raises ``ValueError`` for a missing or empty folder or a class folder whose name is not a
     bundled class ("0".."9").
     """
@@ -566,13 +592,18 @@ def _load_mixed(path: Path, image_size: int | None, max_train_samples: int | Non
     files = [
         (f, index[d.name])
         for d in folders
+        if inside(d, path)
         for f in sorted(d.iterdir())
-        if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS
+        if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS and inside(f, path)
     ]
     if not files:
         raise ValueError(f"no images found under {path} (expected {path}/<class name>/*.png)")
     size = base.input_size
-    images = torch.stack([conform_image(_read_image(f), base.in_channels, size) for f, _ in files])
+    # Read as the server reads an upload (models.prepare, prepare=mnist): a reviewed photo of a
+    # digit trains as the canonical digit the model is served.
+    from models.prepare import canonicalise
+
+    images = torch.stack([canonicalise(_read_image(f)).image for f, _ in files])
     labels = torch.tensor([c for _, c in files], dtype=torch.int64)
     assert isinstance(base.train, TensorDataset)
     x_base, y_base = base.train.tensors

@@ -193,9 +193,22 @@ def forward_all(predictor: Any, x: Tensor, batch_size: int = 256) -> tuple[Tenso
     return torch.cat(ps), (torch.cat(qs) if qs else None)
 
 
+def _read_all(predictor: Any, images: Tensor) -> tuple[Tensor, np.ndarray]:
+    """uint8 images ``(N, C, H, W)`` -> model inputs and which held no digit (bool ``(N,)``),
+    through ``Predictor.read`` under the model's own prepare (the served path, issue 32)."""
+    from models.data import normalise_uint8
+    from models.prepare import Finding
+
+    read = [predictor.read(img) for img in images]
+    x = normalise_uint8(
+        torch.stack([r.image for r in read]), predictor.card.mean, predictor.card.std
+    )
+    return x, np.array([r.finding != Finding.ok for r in read], dtype=bool)
+
+
 def _prepare_all(predictor: Any, images: Tensor) -> Tensor:
     """uint8 images ``(N, C, H, W)`` -> model inputs, through ``Predictor.prepare`` (the served path)."""
-    return torch.stack([predictor.prepare(img) for img in images])
+    return _read_all(predictor, images)[0]
 
 
 #: Evaluation splits: the dataset's test and validation splits; for models trained on the bundled
@@ -288,8 +301,8 @@ def run_evaluation(
         from models.data_ood.suite import FAR_GROUPS
         from models.evaluation.ood_suite import ood_suite_metrics, suite_members
 
-        suite_images, suite = suite_members(
-            lambda b: forward_all(predictor, b), lambda u: _prepare_all(predictor, u)
+        suite_images, suite, no_digit = suite_members(
+            lambda b: forward_all(predictor, b), lambda u: _read_all(predictor, u)
         )
         p_ood = torch.cat([suite[g][0] for g in FAR_GROUPS])
         q_ood = None if q is None else torch.cat([suite[g][1] for g in FAR_GROUPS])
@@ -313,7 +326,7 @@ def run_evaluation(
     metrics["data"] = source
     metrics["ood"]["source"] = ood_source
     if suite is not None:
-        metrics["ood_suite"] = _clean(ood_suite_metrics(p, q, suite, abstain_k))
+        metrics["ood_suite"] = _clean(ood_suite_metrics(p, q, suite, abstain_k, no_digit))
     if calibration:
         metrics["calibration"] = {k: v for k, v in dict(calibration).items() if k != "curve"}
 

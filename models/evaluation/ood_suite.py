@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from models.evaluation.ood import ood_metrics
+from models.prepare import Finding, canonicalise
 from models.uncertainty.scoring import score_members
 
 __all__ = ["SUITE_PER_GROUP", "card_ood_suite", "ood_suite_metrics", "suite_members"]
@@ -26,10 +28,28 @@ __all__ = ["SUITE_PER_GROUP", "card_ood_suite", "ood_suite_metrics", "suite_memb
 SUITE_PER_GROUP = 500  # images per group evaluated by ``vge evaluate`` and stored in the card
 
 
-def _arrays(p: Tensor, q: Tensor | None, abstain_k: float, names: tuple[str, ...]):
+#: The score an image with no digit in it gets (:class:`models.prepare.Finding` other than ok):
+#: above any score's range, so it ranks as the most uncertain, as the server answers it (abstain).
+NO_DIGIT_SCORE = 1e9
+
+
+def _arrays(
+    p: Tensor,
+    q: Tensor | None,
+    abstain_k: float,
+    names: tuple[str, ...],
+    no_digit: np.ndarray | None = None,
+):
+    """Score arrays, abstain flags and predictions; rows in ``no_digit`` (bool) abstain and
+    score :data:`NO_DIGIT_SCORE`, as served."""
     s = score_members(p, q, abstain_k=abstain_k)
     arrays = {n: getattr(s, n).double().numpy() for n in names}
-    return arrays, s.abstain.numpy(), s.prediction.numpy()
+    abstain = s.abstain.numpy()
+    if no_digit is not None and no_digit.any():
+        abstain = abstain | no_digit
+        for a in arrays.values():
+            a[no_digit] = NO_DIGIT_SCORE
+    return arrays, abstain, s.prediction.numpy()
 
 
 @lru_cache(maxsize=2)
@@ -45,17 +65,22 @@ def _suite_images(n_per_group: int, seed: int) -> dict[str, np.ndarray]:
 
 def suite_members(
     forward: Callable[[Tensor], tuple[Tensor, Tensor | None]],
-    prepare: Callable[[Tensor], Tensor],
+    prepare: Callable[[Tensor], tuple[Tensor, np.ndarray | None]],
     n_per_group: int = SUITE_PER_GROUP,
     seed: int = 0,
     batch_size: int = 512,
-) -> tuple[dict[str, np.ndarray], dict[str, tuple[Tensor, Tensor | None]]]:
-    """The suite's raw images and the model's members on them: ``(images, {group: (p, q)})``.
-    ``prepare`` maps uint8 ``(N, 1, 28, 28)`` to model inputs; ``forward`` inputs to ``(p, q)``."""
+) -> tuple[
+    dict[str, np.ndarray], dict[str, tuple[Tensor, Tensor | None]], dict[str, np.ndarray | None]
+]:
+    """The suite's raw images, the model's members on them and which images held no digit:
+    ``(images, {group: (p, q)}, {group: no_digit})``. ``prepare`` maps uint8 ``(N, 1, 28, 28)``
+    to model inputs and the bool ``no_digit`` of the served reading (None: not read);
+    ``forward`` inputs to ``(p, q)``."""
     images = _suite_images(n_per_group, seed)
     members: dict[str, tuple[Tensor, Tensor | None]] = {}
+    no_digit: dict[str, np.ndarray | None] = {}
     for group, imgs in images.items():
-        x = prepare(torch.from_numpy(np.array(imgs)).unsqueeze(1))
+        x, no_digit[group] = prepare(torch.from_numpy(np.array(imgs)).unsqueeze(1))
         ps, qs = [], []
         for start in range(0, x.shape[0], batch_size):
             p, q = forward(x[start : start + batch_size])
@@ -63,7 +88,7 @@ def suite_members(
             if q is not None:
                 qs.append(q)
         members[group] = (torch.cat(ps), torch.cat(qs) if qs else None)
-    return images, members
+    return images, members, no_digit
 
 
 def ood_suite_metrics(
@@ -71,10 +96,13 @@ def ood_suite_metrics(
     q_id: Tensor | None,
     groups: Mapping[str, tuple[Tensor, Tensor | None]],
     abstain_k: float,
+    no_digit: Mapping[str, np.ndarray | None] | None = None,
 ) -> dict[str, Any]:
-    """``{"groups": {group: {n, abstain_rate, target, meets_target, predicted (class counts),
-    scores {score: {auroc, fpr95}}}}, "far": {...}, "all": {...}}`` (pooled rows without
-    target), against the in-distribution members ``p_id``/``q_id``."""
+    """``{"groups": {group: {n, abstain_rate, target, meets_target, no_digit (images the
+    reading found no digit in), predicted (class counts), scores {score: {auroc, fpr95}}}},
+    "far": {...}, "all": {...}}`` (pooled rows without target), against the in-distribution
+    members ``p_id``/``q_id``. Images in ``no_digit`` abstain and rank most uncertain, as
+    served (:data:`NO_DIGIT_SCORE`)."""
     from models.data_ood.suite import ABSTAIN_TARGETS, FAR_GROUPS
     from models.evaluation import UNCERTAINTY_SCORES
 
@@ -83,7 +111,8 @@ def ood_suite_metrics(
     per: dict[str, Any] = {}
     pooled: dict[str, list] = {"far": [], "all": []}
     for group, (p, q) in groups.items():
-        arrays, abstain, pred = _arrays(p, q, abstain_k, UNCERTAINTY_SCORES)
+        found = None if no_digit is None else no_digit.get(group)
+        arrays, abstain, pred = _arrays(p, q, abstain_k, UNCERTAINTY_SCORES, found)
         target = ABSTAIN_TARGETS.get(group)
         rate = float(abstain.mean())
         per[group] = {
@@ -91,6 +120,7 @@ def ood_suite_metrics(
             "abstain_rate": rate,
             "target": target,
             "meets_target": None if target is None else bool(rate >= target),
+            "no_digit": 0 if found is None else int(found.sum()),
             "predicted": np.bincount(pred, minlength=n_classes).tolist(),
             "scores": ood_metrics(id_arrays, arrays),
         }
@@ -133,14 +163,17 @@ def card_ood_suite(
         out = model(x.to(device))
         return out.p.float().cpu(), None if out.q is None else out.q.float().cpu()
 
-    def prepare(u: Tensor) -> Tensor:
-        return (u.float() / 255.0 - mean[0]) / std[0]
+    def prepare(u: Tensor) -> tuple[Tensor, np.ndarray]:
+        read = [canonicalise(img) for img in u]  # as served: prepare=mnist
+        x = torch.stack([r.image for r in read])
+        no_digit = np.array([r.finding != Finding.ok for r in read])
+        return (x.float() / 255.0 - mean[0]) / std[0], no_digit
 
     try:
-        _, members = suite_members(forward, prepare)
+        _, members, no_digit = suite_members(forward, prepare)
     finally:
         model.train(was_training)
-    return ood_suite_metrics(p_id, q_id, members, abstain_k)
+    return ood_suite_metrics(p_id, q_id, members, abstain_k, no_digit)
 
 
 def validation_outliers(model_dir: str, n: int = 2000, seed: int | None = None) -> dict[str, Any]:
@@ -154,7 +187,7 @@ def validation_outliers(model_dir: str, n: int = 2000, seed: int | None = None) 
     any ``n``): ``seed`` None takes 1, or 2 for a model trained with seed 1. A seed equal to the
     training seed is refused.
     """
-    from models.data import bundled_split, load_bundled_mnist
+    from models.data import bundled_split, load_bundled_mnist, normalise_uint8
     from models.data_ood import OUTLIER_FAMILIES, outlier_exposure_set
     from models.evaluation.ood import ood_auroc
     from models.predictor import Predictor
@@ -169,9 +202,12 @@ def validation_outliers(model_dir: str, n: int = 2000, seed: int | None = None) 
         raise ValueError(f"outlier seed {seed} is the draw {model_dir} was trained on")
 
     def run(images: np.ndarray):
-        x = torch.stack([pred.prepare(torch.from_numpy(img).unsqueeze(0)) for img in images])
+        read = [pred.read(torch.from_numpy(img).unsqueeze(0)) for img in images]
+        x = normalise_uint8(torch.stack([r.image for r in read]), pred.card.mean, pred.card.std)
         out = pred.forward(x)
-        return score_members(out.p, out.q, abstain_k=k)
+        s = score_members(out.p, out.q, abstain_k=k)
+        no_digit = torch.tensor([r.finding != Finding.ok for r in read])
+        return replace(s, abstain=s.abstain | no_digit) if no_digit.any() else s
 
     images, labels = load_bundled_mnist()
     val = bundled_split()["val"]

@@ -125,7 +125,8 @@ def _write_pngs(root, files: dict[str, int], rgb: bool = False, size=(28, 28)) -
 def test_imagefolder_added_to_bundled_mnist(tmp_path):
     from PIL import Image
 
-    from models.data import conform_image, parse_imagefolder
+    from models.data import parse_imagefolder
+    from models.prepare import canonicalise
 
     folder = tmp_path / "reviewed"
     _write_pngs(folder, {"3": 2})
@@ -145,7 +146,8 @@ def test_imagefolder_added_to_bundled_mnist(tmp_path):
     assert y[-3:].tolist() == [3, 3, 7]
     with Image.open(folder / "7" / "0.png") as im:
         img = torch.from_numpy(np.array(im)).permute(2, 0, 1)  # RGB (3, 40, 36)
-    ref = normalise_uint8(conform_image(img, 1, (28, 28)), base.mean, base.std)
+    # read as the server reads an upload: the same canonical digit (models.prepare)
+    ref = normalise_uint8(canonicalise(img).image, base.mean, base.std)
     torch.testing.assert_close(x[-1], ref)
     # validation and test are the bundled ones
     for split in ("val", "test"):
@@ -155,6 +157,27 @@ def test_imagefolder_added_to_bundled_mnist(tmp_path):
     assert load_dataset(name).fingerprint == b.fingerprint
     small = load_dataset(name, max_train_samples=100)  # truncates the bundled part only
     assert len(small.train) == 103 and small.fingerprint == b.fingerprint
+
+
+def test_data_roots_do_not_follow_symbolic_links_out(tmp_path):
+    """A class folder or image that is a symbolic link out of the data root is not read (issue
+    36): a training job on reviews cannot be made to read /etc or another job's files."""
+    from PIL import Image
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    Image.fromarray(np.full((28, 28), 255, np.uint8)).save(outside / "secret.png")
+    folder = tmp_path / "reviewed"
+    _write_pngs(folder, {"3": 1})
+    (folder / "3" / "link.png").symlink_to(outside / "secret.png")
+    (folder / "5").symlink_to(outside, target_is_directory=True)
+    b = load_dataset(f"imagefolder:{folder}+mnist-bundled")
+    assert b.extra["added_train"] == 1 and b.extra["added_by_class"]["5"] == 0
+    plain = tmp_path / "plain"
+    _write_pngs(plain, {"a": 10, "b": 10})
+    (plain / "a" / "link.png").symlink_to(outside / "secret.png")
+    bundle = load_dataset(f"imagefolder:{plain}")
+    assert len(bundle.train) + len(bundle.val) + len(bundle.test) == 20
 
 
 def test_imagefolder_added_to_bundled_mnist_rejects_bad_folders(tmp_path):

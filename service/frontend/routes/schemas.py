@@ -115,10 +115,10 @@ class Prediction(BaseModel):
     eu: float
     abstain: bool
     abstain_k: float
-    input_check: Literal["ok", "blank", "fills_canvas"] = Field(
-        description="What prepare=mnist found: ok (a digit, or prepare=none), blank (no ink) or "
-        "fills_canvas (the picture is mostly 'ink': a photo, noise, a pattern). Anything but ok "
-        "is answered with abstain: true."
+    input_check: Literal["ok", "blank", "fills_canvas", "texture"] = Field(
+        description="What prepare=mnist found: ok (a digit, or prepare=none), blank (no ink), "
+        "fills_canvas (the 'ink' covers over a third of the picture: noise, a pattern) or texture "
+        "(mid-tones, not ink on paper: a photo). Anything but ok is answered with abstain: true."
     )
     review_id: str | None = Field(
         None, description="The review item of a queued image (absent when it was not sent)."
