@@ -55,8 +55,14 @@ class Settings(BaseSettings):
     """Service configuration; ``VGE_<NAME>`` environment variables, overridden by CLI flags."""
 
     # env_ignore_empty: `VGE_MODEL_DIR=` (e.g. from an .env template) means "unset", not the cwd.
+    # hide_input_in_errors: a ValidationError's text would otherwise repeat the value given,
+    # a database URL's password or an API key included.
     model_config = SettingsConfigDict(
-        env_prefix="VGE_", extra="forbid", validate_default=True, env_ignore_empty=True
+        env_prefix="VGE_",
+        extra="forbid",
+        validate_default=True,
+        env_ignore_empty=True,
+        hide_input_in_errors=True,
     )
 
     # --- network -----------------------------------------------------------------------------

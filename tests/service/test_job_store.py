@@ -6,6 +6,7 @@ mark another replica's running jobs interrupted (``in_state`` sees only its own)
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,87 @@ def test_imagefolder_datasets_are_confined_to_the_data_root(tmp_path: Path) -> N
         jobs._place_data({"dataset": "imagefolder:../elsewhere+mnist-bundled"}, "job-1")
     with pytest.raises(InvalidValue, match="needs the review queue"):
         jobs._place_data({"dataset": "reviews"}, "job-1")
+
+
+def _manager(tmp_path: Path, **settings: object):  # noqa: ANN202 - a JobManager
+    from service.common.metrics import Metrics
+    from service.common.settings import Settings
+    from service.engine.jobs import JobManager
+
+    return JobManager(
+        Settings(
+            jobs_db_url=f"sqlite:///{tmp_path}/jobs.sqlite3",
+            jobs_dir=tmp_path / "jobs",
+            data_root=tmp_path / "data",
+            models_root=tmp_path / "models",
+            **settings,
+        ),  # fmt: skip
+        Metrics(),
+    )
+
+
+def test_review_labels_that_are_paths_stay_in_the_jobs_folder(tmp_path: Path) -> None:
+    """A training job's data from reviews whose labels are ``../x`` and an absolute path: one
+    percent-encoded folder per class inside the job's own folder, nothing anywhere else."""
+    from service.common.reviews import ReviewStore, class_folder
+
+    outside = tmp_path / "outside"
+    classes = ["../x", str(outside), "../../../escape", "3"]
+    store = ReviewStore(f"sqlite:///{tmp_path}/reviews.sqlite3", tmp_path / "blobs",
+                        max_items=10, lease_s=60.0)  # fmt: skip
+    png = (Path(__file__).resolve().parents[2] / "examples" / "digit-7.png").read_bytes()
+    for i, label in enumerate(classes):
+        (item,) = store.enqueue(model="evil", model_version="1", classes=classes,
+                                images=[png + bytes([i])], answers=[{"label": "3", "vgmu": 0.5}])  # fmt: skip
+        store.label(item.review_id, label, "ann")
+    jobs = _manager(tmp_path)
+    jobs.reviews = store
+    folder = jobs._export_dir("job-1")
+    jobs._export_reviews(folder)
+    written = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.png"))
+    assert [w.split("/")[0] for w in written] == sorted(
+        ["%2E%2E%2Fx", class_folder(str(outside)), "%2E%2E%2F%2E%2E%2F%2E%2E%2Fescape", "3"]
+    )
+    everything = {p for p in tmp_path.rglob("*") if p.is_file()}
+    assert {p for p in everything if p.suffix == ".png"} == set(folder.rglob("*.png"))
+    assert not outside.exists() and not (tmp_path / "x").exists()
+
+
+def test_memory_budget_refuses_with_how_much_and_admits_the_zoo(tmp_path: Path) -> None:
+    import yaml
+
+    from service.common.errors import InvalidValue
+
+    jobs = _manager(tmp_path)
+    for recipe in sorted((Path(__file__).resolve().parents[2] / "models" / "zoo").glob("*.yaml")):
+        cfg, _ = jobs._resolve("job-z", yaml.safe_load(recipe.read_text()), None)
+        assert cfg.name == recipe.stem  # accepted with the default budget (half this host's RAM)
+    huge = {"backbone": "cnn4", "backbone_kwargs": {"width": 2048, "hidden": 3600},
+            "members": 2, "vgn": False, "batch_size": 4096}  # fmt: skip
+    with pytest.raises(InvalidValue, match=r"needs about [\d.,]+ GiB: 986,897,780 parameters"):
+        jobs._resolve("job-h", dict(huge), None)
+    small = _manager(tmp_path, job_memory_budget_bytes=64 * 1024**2)  # 64 MiB: the zoo's cnn4 no
+    with pytest.raises(InvalidValue) as err:
+        small._resolve("job-s", {"backbone": "cnn4"}, None)
+    msg = err.value.message
+    assert "over the job memory budget of 0.062 GiB (VGE_JOB_MEMORY_BUDGET_BYTES)" in msg, msg
+    assert "lower batch_size" in msg
+    assert small.memory_budget("cpu") == 64 * 1024**2
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert 0 < jobs.memory_budget("cpu") <= physical // 2
+
+
+def test_finished_jobs_logs_are_deleted_after_their_retention(tmp_path: Path) -> None:
+    jobs = _manager(tmp_path, job_log_retention_days=1.0)
+    now = 10 * 86400.0
+    for job_id, state, ended in (("old", "succeeded", now - 2 * 86400), ("new", "failed", now - 60),
+                                 ("running", "running", None)):  # fmt: skip
+        jobs.store.create(job_id, {})
+        jobs.store.update(job_id, state=state, finished_at=ended)
+        (tmp_path / "jobs" / job_id).mkdir(parents=True)
+        (tmp_path / "jobs" / job_id / "train.log").write_text("lines\n")
+    assert jobs.sweep_logs(now=now) == ["old"]
+    assert sorted(p.name for p in (tmp_path / "jobs").iterdir()) == ["new", "running"]
+    assert jobs.store.get("old")["state"] == "succeeded"  # the record stays
+    assert jobs.logs("old") == "" and jobs.logs("new") == "lines\n"
+    assert jobs.sweep_logs(now=now + 2 * 86400) == ["new"]

@@ -154,6 +154,58 @@ def test_database_passwords_are_masked() -> None:
     assert not store.up and "S3cretPass" not in store.problem and "***" in store.problem
 
 
+#: Database URLs with a secret in every form people write: the authority (unencoded ``/ # ? @``
+#: in it too, which a URL should percent-encode and people do not), percent-encoded, a query
+#: ``password=`` (libpq's keyword) or ``sslpassword=``. Each secret contains "Hunter2".
+SECRET_URLS = [
+    "postgresql://vge:Hunter2pw@127.0.0.1:1/x",
+    "postgresql://vge:Hunter2/pw@127.0.0.1:1/x",
+    "postgresql://vge:Hunter2#pw@127.0.0.1:1/x",
+    "postgresql://vge:Hunter2?pw@127.0.0.1:1/x",
+    "postgresql://vge:Hunter2@pw@127.0.0.1:1/x",
+    "postgresql://vge:Hunter2%2Fp%23w@127.0.0.1:1/x",
+    "postgresql://vge@127.0.0.1:1/x?password=Hunter2pw",
+    "postgresql://vge@127.0.0.1:1/x?sslmode=disable&password=Hunter2/p#w&connect_timeout=2",
+    "postgres://127.0.0.1:1/x?sslpassword=Hunter2pw",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_every_form_of_a_database_secret_is_masked(url: str) -> None:
+    assert "Hunter2" not in mask_url(url) and "***" in mask_url(url)
+    assert "127.0.0.1:1/x" in mask_url(url) or "127.0.0.1:1/x" not in url.split("@")[-1]
+    with pytest.raises(ValueError) as err:
+        check_url(url.replace("postgres", "mysql", 1), "db_url")
+    assert "Hunter2" not in str(err.value)
+    with pytest.raises(DatabaseUnavailable) as down:  # nothing listens on port 1
+        Database(url, connect_timeout=2)
+    assert "Hunter2" not in down.value.message, down.value.message
+    store = ReviewStore(url, Path("/nonexistent"), max_items=1, lease_s=1.0)
+    assert not store.up and "Hunter2" not in store.problem and "Hunter2" not in store.where
+
+
+def test_vge_serve_never_prints_the_database_secret(tmp_path: Path) -> None:
+    """A real ``vge serve`` whose database cannot be reached: it stops (exit 2) and says where,
+    without the secret, in any form; ``--help`` calls the setting a secret."""
+    import sys
+
+    from tests.service.conftest import REPO
+
+    for url in (SECRET_URLS[1], SECRET_URLS[5], SECRET_URLS[7]):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
+        env.update(VGE_DB_URL=url, VGE_PORT="0", VGE_DEVICE="cpu", VGE_DRAIN_S="0",
+                   VGE_REVIEW_DIR=str(tmp_path / "reviews"), VGE_REVIEW_QUEUE="on",
+                   VGE_JOBS_DIR=str(tmp_path / "jobs"), VGE_MODELS_ROOT=str(tmp_path / "m"))  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "service.cli.serve"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        out = done.stdout + done.stderr
+        assert done.returncode == 2, out[-3000:]
+        assert "Hunter2" not in out and "127.0.0.1" in out, out[-3000:]
+    helped = subprocess.run([sys.executable, "-m", "service.cli.serve", "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "Secret: prefer VGE_DB_URL" in " ".join(helped.stdout.split())
+
+
 # ------------------------------------------------------------------------ a stoppable PostgreSQL
 
 
@@ -265,9 +317,10 @@ def test_a_garbage_sqlite_file_never_stops_the_server(
 def test_postgres_stopped_then_started(
     tmp_path: Path, tiny_model: Path, pngs: list[bytes], stoppable_pg: StoppablePostgres
 ) -> None:
-    url = stoppable_pg.create_database("faults")
+    # a password with / # ? percent-encoded (trust authentication ignores it): never shown
+    url = stoppable_pg.create_database("faults").replace("vge@", "vge:Hunter2%2Fp%23w%3F@")
     srv = start_server(tmp_path, tiny_model, review_queue="on", reviewer_key=KEY, workers=1,
-                       db_url=url)  # fmt: skip
+                       db_url=url, api_key="faults-api-key")  # fmt: skip
     try:
         assert _predict(srv, pngs[0])["review_status"] == "queued"
         stoppable_pg.halt()
@@ -277,6 +330,11 @@ def test_postgres_stopped_then_started(
         _until(lambda: _up(srv) == 0, "vge_review_store_up 0")
         down = httpx.get(srv.url + "/v1/reviews/stats", headers=R)
         assert down.status_code == 503 and f"127.0.0.1:{stoppable_pg.port}" in down.json()["error"]
+        history = httpx.get(srv.url + "/v1/models/history",
+                            headers={"Authorization": "Bearer faults-api-key"})  # fmt: skip
+        assert history.status_code == 503, history.text  # the model history's database too
+        for text in (down.text, history.text, srv.log()):
+            assert "Hunter2" not in text and "p/w?" not in text, text[-2000:]
         stoppable_pg.resume()
         _until(lambda: _predict(srv, pngs[3])["review_status"] == "queued", "queueing again")
         _until(lambda: _up(srv) == 1, "vge_review_store_up 1")

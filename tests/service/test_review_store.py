@@ -98,7 +98,9 @@ def test_a_queue_from_before_the_byte_bound_gets_its_size_column(tmp_path: Path)
     path = tmp_path / "old.sqlite3"
     old_schema = SCHEMA.replace(",\n    size BIGINT NOT NULL DEFAULT 0", "")
     old_schema = old_schema.replace(
-        ",\n    reviewer_via TEXT,\n    history TEXT NOT NULL DEFAULT '[]'", ""
+        ",\n    reviewer_via TEXT,\n    history TEXT NOT NULL DEFAULT '[]',\n    history_dropped "
+        "INTEGER NOT NULL DEFAULT 0,\n    claimed_via TEXT",
+        "",
     )
     assert "size" not in old_schema and "history" not in old_schema
     with sqlite3.connect(path) as conn:
@@ -119,6 +121,8 @@ def test_a_queue_from_before_the_byte_bound_gets_its_size_column(tmp_path: Path)
     assert queue(store, PNG + b"x" * 600).status == "queue_full"  # item a's image counts
     store.label("a", "3", "ann")  # the label-history columns were added too: relabel works
     assert store.label("a", "5", "bob")["history"][0]["label"] == "3"
+    assert store.get("a")["history_dropped"] == 0  # and the later ones: its count, claims
+    assert store.claim("cid", via="key")["id"] != "a"
 
 
 def test_list_orders_and_paginates(db_url: str, tmp_path: Path) -> None:
@@ -272,3 +276,65 @@ def test_a_lost_postgres_connection_is_a_503_then_reconnects(pg_database, tmp_pa
     assert err.value.status_code == 503
     assert store.get(rid)["state"] == "pending"  # the next call reconnected
     assert store.db.scalar("SELECT pg_backend_pid() AS pid") != pid
+
+
+# ------------------------------------------------------------------ untrusted class names, bounds
+#: Class names a card may hold (the card schema refuses them; the store must be safe whatever a
+#: card said): a relative escape, an absolute path, the directory names, an empty-looking name.
+PATHS = ["../x", "/abs/olute", "..", ".", "a/../../b", "-rf", "x" * 300, "ünï", "0"]
+
+
+def test_class_names_never_become_paths(db_url: str, tmp_path: Path) -> None:
+    from pathlib import PurePosixPath
+
+    from service.common.reviews import class_folder
+
+    folders = [class_folder(c) for c in PATHS]
+    assert folders[:4] == ["%2E%2E%2Fx", "%2Fabs%2Folute", "%2E%2E", "%2E"]
+    assert folders[-1] == "0" and class_folder("cat.v2+b_c-d") == "cat.v2+b_c-d"  # safe: kept
+    assert folders[6].startswith("%sha256-") and len(folders[6]) < 100  # too long encoded
+    assert len(set(folders)) == len(PATHS)  # one folder per class
+    for f in folders:
+        assert len(PurePosixPath(f).parts) == 1 and f not in (".", "..") and "/" not in f
+
+    store = ReviewStore(Database(db_url), tmp_path / "blobs", max_items=100, lease_s=60.0)
+    for i, label in enumerate(PATHS):
+        (item,) = store.enqueue(model="evil", model_version="1", classes=PATHS,
+                                images=[PNG + bytes([i])], answers=[answer("0")])  # fmt: skip
+        store.label(item.review_id, label, "ann")
+    items = dict(store.export_items())
+    assert len(items) == len(PATHS)
+    for path in items:
+        parts = PurePosixPath(path).parts
+        assert len(parts) == 2 and parts[0] in folders and parts[1].endswith(".png"), path
+        assert not PurePosixPath(path).is_absolute() and ".." not in parts
+
+
+def test_label_history_is_bounded_and_counts_the_rest(db_url: str, tmp_path: Path) -> None:
+    store = ReviewStore(Database(db_url), tmp_path / "blobs", max_items=10, lease_s=60.0,
+                        max_history=3)  # fmt: skip
+    item = queue(store, PNG + b"h").review_id
+    for n in range(8):  # 8 labels: 7 earlier ones, the newest 3 kept
+        last = store.label(item, str(n), f"r{n}", now=2000.0 + n)
+    assert last["label"] == "7" and last["history_dropped"] == 4
+    assert [h["label"] for h in last["history"]] == ["4", "5", "6"]
+    assert store.get(item)["history_dropped"] == 4 and len(store.get(item)["history"]) == 3
+
+
+def test_one_key_holds_a_bounded_number_of_claims(db_url: str, tmp_path: Path) -> None:
+    """Made-up names with the shared key share one bound; a personal key has its own; getting
+    one's own item back is never refused."""
+    store = ReviewStore(Database(db_url), tmp_path / "blobs", max_items=100, lease_s=10.0,
+                        max_claims=2)  # fmt: skip
+    for i in range(6):
+        queue(store, PNG + bytes([i]), now=float(i))
+    first = store.claim("made-up-1", now=100.0)
+    store.claim("made-up-2", now=100.0)
+    with pytest.raises(Conflict, match="shared reviewer key .* holds 2 claimed item.*"
+                       "VGE_REVIEW_MAX_CLAIMS=2"):  # fmt: skip
+        store.claim("made-up-3", now=100.0)
+    assert store.claim("made-up-1", now=101.0)["id"] == first["id"]  # a reloaded page
+    assert store.claim("alice", now=101.0, via="key") is not None  # her own bound
+    store.label(first["id"], "3", "made-up-1", now=102.0)  # one claim fewer
+    assert store.claim("made-up-3", now=102.0) is not None
+    assert store.claim("made-up-4", now=111.0) is not None  # leases from 100 s ran out

@@ -50,7 +50,7 @@ def review_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) ->
     srv = start_server(
         work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY, api_key=API_KEY,
         review_max_items=6, workers=2, reviewer_keys="alice:alice-key-0123,bob:bob-key-45678",
-        grpc_port=GRPC_PORT,
+        grpc_port=GRPC_PORT, review_max_claims=2,
     )  # fmt: skip
     yield srv
     srv.stop()
@@ -113,15 +113,15 @@ def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> N
     ok = c.post(f"/v1/reviews/{ids[0]}", json={"label": predicted, "reviewer": "ann"})
     assert ok.status_code == 200 and ok.json()["state"] == "reviewed"
     # A mistaken label is corrected: an integer names the class, the earlier label is kept.
-    fixed = c.post(f"/v1/reviews/{ids[0]}", json={"label": int(other), "reviewer": "bob"})
+    fixed = c.post(f"/v1/reviews/{ids[0]}", json={"label": int(other), "reviewer": "ben"})
     assert fixed.status_code == 200, fixed.text
     assert (fixed.json()["label"], fixed.json()["relabelled"]) == (other, True)
     assert [(h["label"], h["reviewer"]) for h in fixed.json()["history"]] == [(predicted, "ann")]
     back = c.post(f"/v1/reviews/{ids[0]}", json={"label": predicted, "reviewer": "ann"})
     assert len(back.json()["history"]) == 2 and back.json()["label"] == predicted
     assert c.post(f"/v1/reviews/{ids[0]}", json={"label": 99}).status_code == 422
-    c.post(f"/v1/reviews/{ids[1]}", json={"label": other, "reviewer": "bob"}).raise_for_status()
-    c.post(f"/v1/reviews/{ids[2]}/skip", json={"reviewer": "bob"}).raise_for_status()
+    c.post(f"/v1/reviews/{ids[1]}", json={"label": other, "reviewer": "ben"}).raise_for_status()
+    c.post(f"/v1/reviews/{ids[2]}/skip", json={"reviewer": "ben"}).raise_for_status()
 
     stats = c.get("/v1/reviews/stats").json()
     assert stats["counts"] == {"pending": 3, "reviewed": 2, "skipped": 1}
@@ -168,6 +168,43 @@ def test_claim_and_skip_need_no_body_and_keys_name_reviewers(
     assert (skipped.json()["reviewer"], skipped.json()["reviewer_via"]) == (
         "reviewer", "shared_key",
     )  # fmt: skip
+
+
+def test_the_shared_key_cannot_act_as_a_personal_key_nor_hold_the_queue(
+    review_server: Server, pngs: list[bytes]
+) -> None:
+    """With the shared key a client names itself, but not as a reviewer who has a personal key
+    (claim, label, skip: 403); and all its names together hold at most VGE_REVIEW_MAX_CLAIMS
+    (2 here) items, so made-up names cannot hold every pending item."""
+    srv = review_server
+    c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
+    while (item := c.post("/v1/reviews/claim").json()["review"]) is not None:  # make room
+        c.post(f"/v1/reviews/{item['id']}/skip").raise_for_status()
+    queued = predict(srv, pngs[50:53], review="always")
+    assert [r["review_status"] for r in queued] == ["queued"] * 3
+    item_id = queued[0]["review_id"]
+    for path, body in (("/v1/reviews/claim", {"reviewer": "alice"}),
+                       (f"/v1/reviews/{item_id}", {"label": "3", "reviewer": "alice"}),
+                       (f"/v1/reviews/{item_id}/skip", {"reviewer": "bob"})):  # fmt: skip
+        r = c.post(path, json=body)
+        assert r.status_code == 403 and "has a personal key" in r.json()["error"], (path, r.text)
+    assert c.get(f"/v1/reviews/{item_id}").json()["state"] == "pending"
+
+    first = c.post("/v1/reviews/claim", json={"reviewer": "made-up-1"})
+    second = c.post("/v1/reviews/claim", json={"reviewer": "made-up-2"})
+    assert first.status_code == 200 and second.status_code == 200, second.text
+    third = c.post("/v1/reviews/claim", json={"reviewer": "made-up-3"})
+    assert third.status_code == 409, third.text
+    assert "VGE_REVIEW_MAX_CLAIMS=2" in third.json()["error"]
+    again = c.post("/v1/reviews/claim", json={"reviewer": "made-up-1"})  # a reloaded page
+    assert again.json()["review"]["id"] == first.json()["review"]["id"]
+    alice = httpx.post(srv.url + "/v1/reviews/claim", headers=ALICE, timeout=30)
+    assert alice.status_code == 200 and alice.json()["review"]["claimed_by"] == "alice"
+    for who, held in (("made-up-1", first), ("made-up-2", second)):
+        c.post(f"/v1/reviews/{held.json()['review']['id']}/skip",
+               json={"reviewer": who}).raise_for_status()  # fmt: skip
+    httpx.post(f"{srv.url}/v1/reviews/{alice.json()['review']['id']}/skip", headers=ALICE,
+               timeout=30).raise_for_status()  # fmt: skip
 
 
 def test_anonymous_clients_cannot_force_or_probe_the_queue(

@@ -149,3 +149,27 @@ def test_vge_serve_reports_a_bad_flag_value_in_one_line(argv: list[str], words: 
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert r.stderr.startswith("vge serve: error: invalid settings: ") and words in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"umask": "999"}, "VGE_UMASK"),
+        ({"umask": "1000"}, "from 0 to 0777"),
+        ({"repository_index_models": "ok,../etc"}, "'../etc' is not a model directory name"),
+        ({"job_log_max_bytes": 10}, "greater than or equal to 4096"),
+        ({"db_url": "mysql://u:Hunter2@h/db"}, r"'mysql://u:\*\*\*@h/db' is not supported"),
+    ],
+)
+def test_issue_36_settings_say_how_to_fix(kwargs: dict, words: str) -> None:
+    with pytest.raises(ValidationError, match=words) as err:
+        Settings(**kwargs)
+    assert "Hunter2" not in str(err.value)
+
+
+def test_umask_and_exposed_models_are_parsed() -> None:
+    s = Settings(umask="22", repository_index_models=" a , b.v2 ,")
+    assert (s.umask, s.resolved_umask()) == ("0022", 0o022)
+    assert s.repository_index_names() == ["a", "b.v2"]
+    assert Settings().resolved_umask() == 0o077 and Settings().repository_index_names() == []
+    assert "Hunter2" not in repr(Settings(db_url="postgresql://u:Hunter2@h/db"))

@@ -11,6 +11,7 @@ never how fast (no timed assertions).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -55,15 +56,17 @@ def _perf_analyzer() -> tuple[Path, dict[str, str]]:
 def triton_server(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
 ) -> Iterator[tuple[Server, int]]:
-    """A server with HTTP and gRPC, two front ends; ``models_root`` holds one loadable model."""
+    """A server with HTTP and gRPC, two front ends; ``models_root`` holds two loadable models,
+    one of them exposed in the repository index (``VGE_REPOSITORY_INDEX_MODELS``)."""
     from tests.service.conftest import copy_model
 
     work = tmp_path_factory.mktemp("triton")
     copy_model(tiny_model, work / "models" / "tiny-next", "2.0.0")
+    copy_model(tiny_model, work / "models" / "job-0123456789ab", "3.0.0")  # not exposed
     port = free_port()
     srv = start_server(
         work, tiny_model, workers=2, grpc_port=port, max_images=MAX_IMAGES,
-        max_batch_size=8, max_queue_delay_ms=3,
+        max_batch_size=8, max_queue_delay_ms=3, repository_index_models="tiny-next,absent",
     )  # fmt: skip
     yield srv, port
     assert srv.stop() == 0, srv.log()
@@ -175,6 +178,18 @@ def test_repository_index_and_load_refusal(triton_server: tuple[Server, int]) ->
     assert index["tiny"]["state"] == "READY"
     assert index["tiny-next"]["state"] == "UNAVAILABLE" and index["tiny-next"]["version"] == "2.0.0"
     assert "/v1/models/promote" in index["tiny-next"]["reason"]
+    # what the operator exposes: the served model, the shipped ones and tiny-next; not the
+    # other directory under models_root, nor a listed name that is not there
+    from models.zoo import zoo_models
+
+    assert set(index) == {"tiny", "tiny-next", *zoo_models()}
+    # cards are read again only when they change (mtime): a new version shows
+    card = next(Path(srv.log_path.parent / "models" / "tiny-next").glob("*.json"))
+    data = json.loads(card.read_text())
+    card.write_text(json.dumps({**data, "version": "2.0.1"}))
+    index = {m["name"]: m for m in http.get_model_repository_index()}
+    assert index["tiny-next"]["version"] == "2.0.1"
+    card.write_text(json.dumps(data))
     r = httpx.post(srv.url + "/v2/repository/index", json={"ready": True}, timeout=10)
     assert [m["name"] for m in r.json()] == ["tiny"]
     for action in ("load", "unload"):
