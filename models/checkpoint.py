@@ -27,6 +27,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -58,6 +59,20 @@ __all__ = [
 
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "model_card.json"
+
+
+#: Upper bounds of an architecture (:class:`ArchitectureSpec`): a training config's and a model
+#: card's alike, so that neither a run nor a served model can be larger than a run may be.
+#: ``models.training.LIMITS`` holds them beside the training-only bounds.
+ARCHITECTURE_LIMITS: dict[str, int] = {
+    "members": 100,  # M of DE/LLE, S of MCD, H of MCD-LLE (the paper: 5-10)
+    "mc_samples": 100,  # S per head of MCD-LLE
+    "backbone_kwargs_keys": 16,  # keyword arguments of the backbone
+    "backbone_kwargs_int": 4096,  # |an integer argument| (a width, a depth, a hidden size)
+    "backbone_kwargs_list": 8,  # items of a list argument (ResNet widths/blocks: 4)
+    "backbone_kwargs_str": 64,  # characters of a key or of a string argument
+    "parameters": 1_000_000_000,  # the whole ensemble's parameters (WRN-28-10 DE, M = 10: 365M)
+}
 
 
 class CheckpointError(ValueError):
@@ -96,6 +111,37 @@ class ArchitectureSpec(BaseModel):
 
         if v not in available_backbones():
             raise ValueError(f"unknown backbone; available: {', '.join(available_backbones())}")
+        return v
+
+    @field_validator("members", "mc_samples")
+    @classmethod
+    def _count_bound(cls, v: int, info: ValidationInfo) -> int:
+        bound = ARCHITECTURE_LIMITS[str(info.field_name)]
+        if v > bound:
+            raise ValueError(f"must be at most {bound} (the training bound)")
+        return v
+
+    @field_validator("backbone_kwargs")
+    @classmethod
+    def _backbone_kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """A few scalar (or short list) keyword arguments of bounded size: a backbone's
+        constructor takes widths, depths, dropout rates and activation names, nothing bigger."""
+        limits = ARCHITECTURE_LIMITS
+        if len(v) > limits["backbone_kwargs_keys"]:
+            raise ValueError(f"at most {limits['backbone_kwargs_keys']} keyword arguments")
+        for key, value in v.items():
+            if not key.isidentifier() or len(key) > limits["backbone_kwargs_str"]:
+                raise ValueError(
+                    f"{key[:80]!r} is not a keyword argument name (an identifier of at most "
+                    f"{limits['backbone_kwargs_str']} characters)"
+                )
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if isinstance(value, (list, tuple)) and len(value) > limits["backbone_kwargs_list"]:
+                raise ValueError(f"{key}: a list of at most {limits['backbone_kwargs_list']} items")
+            for item in items:
+                problem = _kwarg_problem(item)
+                if problem:
+                    raise ValueError(f"{key}: {problem}")
         return v
 
     @field_validator("ensemble")
@@ -160,6 +206,21 @@ class ArchitectureSpec(BaseModel):
         )
 
 
+def _kwarg_problem(item: Any) -> str | None:
+    """Why ``item`` is not an acceptable backbone argument value, or None when it is."""
+    if item is None or isinstance(item, bool):
+        return None
+    if isinstance(item, int):
+        bound = ARCHITECTURE_LIMITS["backbone_kwargs_int"]
+        return None if abs(item) <= bound else f"{item} is out of range (|value| <= {bound})"
+    if isinstance(item, float):
+        return None if math.isfinite(item) else "must be a finite number"
+    if isinstance(item, str):
+        bound = ARCHITECTURE_LIMITS["backbone_kwargs_str"]
+        return None if len(item) <= bound else f"a string of at most {bound} characters"
+    return "values must be numbers, booleans, short strings or short lists of them"
+
+
 #: A model's name as trained and served, and a model directory's name under the server's models
 #: root: a URL path segment (``/v2/models/{name}``) and a file name, with no separators or
 #: traversal.
@@ -171,8 +232,8 @@ CLASS_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.+-]{0,63}$"
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
 
 #: What a model card may describe. A card is input the server trusts to size its buffers and
-#: label its answers, so it is bounded like a training config (the architecture's members,
-#: kwargs and per-class k are checked against ``models.training.LIMITS`` themselves) and by:
+#: label its answers, so it is bounded: its architecture by :data:`ARCHITECTURE_LIMITS` (as a
+#: training config's), and the rest by:
 CARD_LIMITS: dict[str, int] = {
     "classes": 1000,  # class names (ImageNet's count); at least 2: a decision between classes
     "input_side": 512,  # pixels per side of the model's input (training's image_size bound)
@@ -351,9 +412,8 @@ class ModelCard(ArchitectureSpec):
 
     @model_validator(mode="after")
     def _consistent_card(self) -> ModelCard:
-        """One ``mean``/``std`` value per input channel, one ``k`` per class, and the
-        architecture within the training bounds (``models.training.LIMITS``: members,
-        mc_samples, backbone_kwargs)."""
+        """One ``mean``/``std`` value per input channel and one ``k`` per class (the
+        architecture's bounds are :class:`ArchitectureSpec`'s, a training config's too)."""
         for field in ("mean", "std"):
             n = len(getattr(self, field))
             if n != self.in_channels:
@@ -363,12 +423,6 @@ class ModelCard(ArchitectureSpec):
         for field, values in (("k_fixed", self.k), ("learned_k", self.learned_k)):
             if isinstance(values, list) and len(values) != self.num_classes:
                 raise ValueError(f"{field}: {len(values)} values for {self.num_classes} classes")
-        from models.training.config import TrainConfig
-
-        try:
-            TrainConfig.model_validate(self.architecture().model_dump())
-        except ValidationError as exc:
-            raise ValueError(validation_problems(exc.errors(), what="architecture")) from None
         return self
 
     @model_validator(mode="before")
@@ -548,13 +602,11 @@ _SAFETENSORS_DTYPES = {
 def check_weights(card: ModelCard, weights: Path) -> None:
     """Raise :class:`CheckpointError` unless ``weights`` is a safetensors file holding exactly the
     tensors of ``card``'s architecture: the same names, shapes and dtypes as its state dict, at
-    most ``models.training.LIMITS["parameters"]`` values in all.
+    most ``ARCHITECTURE_LIMITS["parameters"]`` values in all.
 
     Reads only the file's header, and builds the architecture on the meta device (no memory), so
     a card that does not match its weights is refused before anything is allocated for it.
     """
-    from models.training.config import LIMITS
-
     try:
         with torch.device("meta"):
             state = build_from_card(card).state_dict()
@@ -565,10 +617,10 @@ def check_weights(card: ModelCard, weights: Path) -> None:
     expected = {k: (tuple(v.shape), _SAFETENSORS_DTYPES.get(v.dtype, str(v.dtype)))
                 for k, v in state.items()}  # fmt: skip
     n = sum(math.prod(shape) for shape, _ in expected.values())
-    if n > LIMITS["parameters"]:
+    if n > ARCHITECTURE_LIMITS["parameters"]:
         raise CheckpointError(
             f"{weights.parent / CARD_FILE}: the architecture has {n:,} values; at most "
-            f"{LIMITS['parameters']:,} (the training bound)"
+            f"{ARCHITECTURE_LIMITS['parameters']:,} (the training bound)"
         )
     try:
         with safe_open(str(weights), framework="pt") as f:

@@ -3,15 +3,19 @@ stopping and calibration fields; ``load_config`` reads it from YAML/JSON with fl
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from torch.overrides import TorchFunctionMode
 
-from models.checkpoint import MODEL_NAME_PATTERN, ArchitectureSpec, ModelCard
+from models.checkpoint import (
+    ARCHITECTURE_LIMITS,
+    MODEL_NAME_PATTERN,
+    ArchitectureSpec,
+    ModelCard,
+)
 from models.data import TORCHVISION_NAMES, parse_imagefolder
 
 __all__ = [
@@ -35,19 +39,14 @@ DEFAULT_ARCHITECTURE: dict[str, Any] = {"backbone": "lenet5", "ensemble": "lle",
 #: ends or a model that fills the host's memory). A 422 / the CLI's one line names the bound.
 LIMITS: dict[str, int] = {
     "epochs": 1000,  # the shipped models train 30-100
-    "members": 100,  # M of DE/LLE, S of MCD, H of MCD-LLE (the paper: 5-10)
-    "mc_samples": 100,  # S per head of MCD-LLE
     "batch_size": 4096,
     "eval_batch_size": 8192,
     "image_size": 512,  # ImageFolder resize (square); the shipped models see 28x28
-    "backbone_kwargs_keys": 16,  # keyword arguments of the backbone
-    "backbone_kwargs_int": 4096,  # |an integer argument| (a width, a depth, a hidden size)
-    "backbone_kwargs_list": 8,  # items of a list argument (ResNet widths/blocks: 4)
-    "backbone_kwargs_str": 64,  # characters of a key or of a string argument
-    "parameters": 1_000_000_000,  # the whole ensemble's parameters (WRN-28-10 DE, M = 10: 365M)
     "build_ops": 100_000,  # torch calls to build it (WRN-28-10 DE, M = 100: 78,000); bounds the check
+    # members, mc_samples, backbone_kwargs_*, parameters: the architecture's own bounds, which a
+    # model card meets too (ArchitectureSpec validates them)
+    **ARCHITECTURE_LIMITS,
 }
-
 #: Fields of a served model's training config that a retraining job does not inherit
 #: (:func:`served_config`): the job's own data, size, device, identity and starting weights.
 NOT_INHERITED = frozenset(
@@ -155,36 +154,6 @@ class TrainConfig(ArchitectureSpec):
             "SVHN, CIFAR10, CIFAR100), 'imagefolder:<path>' or 'imagefolder:<path>+mnist-bundled'"
         )
 
-    @field_validator("members", "mc_samples")
-    @classmethod
-    def _count_bound(cls, v: int, info: ValidationInfo) -> int:
-        bound = LIMITS[str(info.field_name)]
-        if v > bound:
-            raise ValueError(f"must be at most {bound} (the training bound)")
-        return v
-
-    @field_validator("backbone_kwargs")
-    @classmethod
-    def _backbone_kwargs(cls, v: dict[str, Any]) -> dict[str, Any]:
-        """A few scalar (or short list) keyword arguments of bounded size: a backbone's
-        constructor takes widths, depths, dropout rates and activation names, nothing bigger."""
-        if len(v) > LIMITS["backbone_kwargs_keys"]:
-            raise ValueError(f"at most {LIMITS['backbone_kwargs_keys']} keyword arguments")
-        for key, value in v.items():
-            if not key.isidentifier() or len(key) > LIMITS["backbone_kwargs_str"]:
-                raise ValueError(
-                    f"{key[:80]!r} is not a keyword argument name (an identifier of at most "
-                    f"{LIMITS['backbone_kwargs_str']} characters)"
-                )
-            items = value if isinstance(value, (list, tuple)) else [value]
-            if isinstance(value, (list, tuple)) and len(value) > LIMITS["backbone_kwargs_list"]:
-                raise ValueError(f"{key}: a list of at most {LIMITS['backbone_kwargs_list']} items")
-            for item in items:
-                problem = _kwarg_problem(item)
-                if problem:
-                    raise ValueError(f"{key}: {problem}")
-        return v
-
     @field_validator("device")
     @classmethod
     def _device(cls, v: str | None) -> str | None:
@@ -273,21 +242,6 @@ class _BoundedBuild(TorchFunctionMode):
                 "operations (the training bound): fewer members, blocks or layers"
             )
         return func(*args, **(kwargs or {}))
-
-
-def _kwarg_problem(item: Any) -> str | None:
-    """Why ``item`` is not an acceptable backbone argument value, or None when it is."""
-    if item is None or isinstance(item, bool):
-        return None
-    if isinstance(item, int):
-        bound = LIMITS["backbone_kwargs_int"]
-        return None if abs(item) <= bound else f"{item} is out of range (|value| <= {bound})"
-    if isinstance(item, float):
-        return None if math.isfinite(item) else "must be a finite number"
-    if isinstance(item, str):
-        bound = LIMITS["backbone_kwargs_str"]
-        return None if len(item) <= bound else f"a string of at most {bound} characters"
-    return "values must be numbers, booleans, short strings or short lists of them"
 
 
 def served_config(card: ModelCard) -> dict[str, Any]:
