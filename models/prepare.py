@@ -347,8 +347,10 @@ def canonicalise(image: torch.Tensor) -> Canonical:
         return Canonical(torch.from_numpy(gray.astype(np.uint8))[None], Finding.ok)
     ink = _ink(_shrink(gray))
     empty = torch.zeros((1, SIDE, SIDE), dtype=torch.uint8)
-    if ink is None:
-        return Canonical(empty, Finding.blank)
+    if ink is None:  # nothing stands out: an empty page, or a picture that is all noise
+        small = _shrink(gray)
+        spread = 1.4826 * float(np.median(np.abs(small - np.median(small))))
+        return Canonical(empty, Finding.texture if spread > MIN_CONTRAST / 2 else Finding.blank)
     level = ink / float(ndimage.uniform_filter(ink, size=3, mode="constant").max())
     marked = level > FAINT_LEVEL
     if float(marked.mean()) > MAX_INK_FRACTION:

@@ -103,3 +103,19 @@ def test_grpc_nhwc_images_and_unnormalised_fp32(grpc_server: tuple[Server, int],
         client.infer("tiny", [inp])
     assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "std" in str(err.value)
     client.close()
+
+
+def test_grpc_prepare_parameter(grpc_server: tuple[Server, int]) -> None:
+    """Over gRPC the same: a blank UINT8 page abstains by default, a bad prepare is
+    INVALID_ARGUMENT."""
+    from tritonclient.utils import InferenceServerException
+
+    _, port = grpc_server
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    inp = grpcclient.InferInput("images", [1, 1, 28, 28], "UINT8")
+    inp.set_data_from_numpy(np.full((1, 1, 28, 28), 240, np.uint8))
+    out = client.infer("tiny", [inp], outputs=[grpcclient.InferRequestedOutput("abstain")])
+    assert bool(out.as_numpy("abstain")[0]) is True
+    with pytest.raises(InferenceServerException, match="prepare"):
+        client.infer("tiny", [inp], parameters={"prepare": "resize"})
+    client.close()
