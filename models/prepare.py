@@ -308,7 +308,8 @@ def _frame(ink: np.ndarray) -> np.ndarray:
     # photographed stroke, once scaled to 20×20, peaks at its centre only. Its median stroke
     # level becomes 1.
     stroke = out[out > STROKE_LEVEL]
-    return np.clip(out / float(np.median(stroke)), 0.0, 1.0) if stroke.size else out
+    out = np.clip(out / float(np.median(stroke)), 0.0, 1.0) if stroke.size else out
+    return out
 
 
 def _already_mnist(gray: np.ndarray) -> bool:

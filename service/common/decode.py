@@ -262,16 +262,23 @@ def _decode_into(
 #: off the loop, where they stalled every other request of the front end.
 INLINE_DECODE_BYTES = 64 * 1024
 INLINE_DECODE_PIXELS = 256 * 256
+#: With ``prepare=mnist`` the bound is a few MNIST-sized images: reading a picture of a digit
+#: costs ~0.6 ms at 28×28 and ~1–6 ms for a 100–300 px photo (docs/benchmarks.md), an MNIST digit
+#: ~20 µs; larger pictures are read in the decode threads, not on the event loop.
+INLINE_PREPARE_PIXELS = 4 * 28 * 28
 
 
-def _decode_inline(blobs: list[bytes], settings: Settings) -> list[ImageHeader | None] | None:
+def _decode_inline(
+    blobs: list[bytes], settings: Settings, prepare: PrepareMode = "none"
+) -> list[ImageHeader | None] | None:
     """The checked headers of ``blobs`` (:func:`check_image_bytes`) when they are small enough,
     encoded and decoded, to decode on the event loop; None otherwise (the decode threads check
     them). Small payloads are cheap to check here, and so are checked once."""
     if sum(len(b) for b in blobs) > INLINE_DECODE_BYTES:
         return None
     headers = [check_image_bytes(b, i, settings) for i, b in enumerate(blobs)]
-    if sum(h.pixels for h in headers if h is not None) > INLINE_DECODE_PIXELS:
+    bound = INLINE_PREPARE_PIXELS if prepare == "mnist" else INLINE_DECODE_PIXELS
+    if sum(h.pixels for h in headers if h is not None) > bound:
         return None
     return headers
 
@@ -294,7 +301,7 @@ async def decode_into(
     """
     channels, size = int(out.shape[1]), (int(out.shape[2]), int(out.shape[3]))
     findings = np.zeros(len(blobs), np.uint8)
-    headers = _decode_inline(blobs, settings)
+    headers = _decode_inline(blobs, settings, prepare)
     if headers is not None:
         cap = settings.max_image_pixels
         for i, (b, header) in enumerate(zip(blobs, headers, strict=True)):

@@ -229,6 +229,12 @@ def test_images_that_decode_large_are_not_decoded_on_the_event_loop() -> None:
     inline = partial(_decode_inline, settings=Settings())
     assert inline([blank]) is None and inline([digit] * 64) is not None
     assert inline([_noise_png(i) for i in range(2)]) is None  # over the byte bound
+    # reading pictures of digits (prepare=mnist) costs more per pixel: a few 28×28 digits inline,
+    # a 100×100 photo in the decode threads
+    photo = bytes(encode_png(torch.zeros((1, 100, 100), dtype=torch.uint8)).numpy())
+    assert inline([digit] * 4, prepare="mnist") is not None
+    assert inline([digit] * 5, prepare="mnist") is None
+    assert inline([photo], prepare="mnist") is None and inline([photo]) is not None
 
 
 def test_a_jpeg_is_sized_past_bytes_between_its_segments() -> None:
