@@ -301,6 +301,8 @@ def test_a_model_directory_is_validated_whole_and_a_bad_recorded_one_never_stops
     default. The supervisor never stops; /v1/predict answers 200 throughout."""
     import hashlib
 
+    from safetensors.torch import load_file, save_file
+
     from models.checkpoint import file_sha256
 
     work = tmp_path_factory.mktemp("state-untrusted")
@@ -320,6 +322,7 @@ def test_a_model_directory_is_validated_whole_and_a_bad_recorded_one_never_stops
         "no-mean": ({"mean": []}, "mean"),
         "linked": ("symlink", "symbolic link"),
         "junk": ("junk", "not a readable safetensors file"),
+        "nan-weights": ("nan", "warm-up failed"),
     }  # fmt: skip
     for name, (change, _) in bad.items():
         d = copy_model(good, root / name, "3.0.0")
@@ -329,6 +332,12 @@ def test_a_model_directory_is_validated_whole_and_a_bad_recorded_one_never_stops
             weights.symlink_to(secret)
         elif change == "junk":  # a card that hashes the junk: the header refuses it
             weights.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not safetensors!")
+            _set(d / "model_card.json", weights_sha256=file_sha256(weights))
+        elif change == "nan":  # well-formed weights that answer NaN: the warm-up refuses them
+            state = load_file(weights)
+            state = {k: v.fill_(float("nan")) if v.is_floating_point() else v
+                     for k, v in state.items()}  # fmt: skip
+            save_file(state, weights)
             _set(d / "model_card.json", weights_sha256=file_sha256(weights))
         else:
             _set(d / "model_card.json", **change)
