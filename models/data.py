@@ -192,55 +192,6 @@ def bundled_split() -> dict[str, np.ndarray]:
     return stratified_split(labels)
 
 
-def conform_image(image: torch.Tensor, in_channels: int, size: tuple[int, int]) -> torch.Tensor:
-    """uint8 ``(C, H, W)`` (C in 1..4) or ``(H, W)`` -> uint8 ``(in_channels, *size)``.
-
-    Drops alpha, converts grayscale <-> RGB, resizes (antialiased) when the size differs; returns
-    the input itself when it already conforms. Raises ``ValueError`` naming the problem.
-    """
-    from torchvision.transforms.v2 import functional as TF
-
-    if not isinstance(image, torch.Tensor):
-        raise ValueError("image must be a torch.Tensor")
-    if image.dim() == 2:
-        image = image.unsqueeze(0)
-    if image.dim() != 3:
-        raise ValueError(f"image must have shape (C, H, W); got {tuple(image.shape)}")
-    if image.dtype != torch.uint8:
-        raise ValueError(f"image must be uint8; got {image.dtype}")
-    c = image.shape[0]
-    if c == 4:  # RGBA: drop alpha
-        image, c = image[:3], 3
-    if c == 2:  # grayscale + alpha
-        image, c = image[:1], 1
-    if c not in (1, 3):
-        raise ValueError(f"image must have 1, 3 or 4 channels; got {c}")
-    if c == 1 and in_channels == 3:
-        image = image.expand(3, -1, -1)
-    elif c == 3 and in_channels == 1:
-        image = _luma(image)
-    if tuple(image.shape[-2:]) != tuple(size):
-        image = TF.resize(image, list(size), antialias=True)
-    return image.contiguous()
-
-
-#: ITU-R 601-2 luma weights (0.299, 0.587, 0.114) in 16-bit fixed point, as PIL's "L"
-#: conversion computes them; they sum to 65536, so a gray pixel stays itself.
-_LUMA_FIXED = torch.tensor([19595, 38470, 7471], dtype=torch.int32).view(3, 1, 1)
-
-
-def _luma(image: torch.Tensor) -> torch.Tensor:
-    """uint8 RGB ``(3, H, W)`` -> uint8 luma ``(1, H, W)``, rounded, bit-identical to PIL's
-    ``convert("L")``.
-
-    Not ``torchvision``'s ``rgb_to_grayscale``: on uint8 it truncates, and its weights sum to
-    0.9999, so the same digit sent as RGB came out one level darker than sent as grayscale
-    (every v >= 1 became v - 1), which moved VGMU and SNR near the abstain threshold.
-    """
-    y = ((image.int() * _LUMA_FIXED).sum(0, keepdim=True) + 32768) >> 16  # (1, H, W)
-    return y.to(torch.uint8)
-
-
 def normalise_uint8(
     images: torch.Tensor,
     mean: tuple[float, ...] | list[float],
@@ -350,7 +301,9 @@ def _load_mnist_bundled(max_train_samples: int | None) -> DataBundle:
     images = read_as_served(source)
     split = bundled_split()
     raw = torch.from_numpy(images).unsqueeze(1)  # (N, 1, 28, 28) uint8
-    train_px = raw[torch.from_numpy(split["train"])].float().div_(255.0)
+    # The dataset's statistics are the source digits' (SI S3.2), as every shipped card records
+    # them: a model warm-started from one normalises as it did.
+    train_px = torch.from_numpy(source[split["train"]]).float().div_(255.0)
     mean, std = round(float(train_px.mean()), 6), round(float(train_px.std()), 6)
     # Same ops as Predictor.prepare, so served inputs are bit-identical to training/test inputs.
     x = normalise_uint8(raw, (mean,), (std,))

@@ -115,9 +115,12 @@ def _handwritten(family: str, digit: np.ndarray, rng: np.random.Generator) -> Im
 
 
 def _printed(label: int, rng: np.random.Generator) -> Image.Image:
-    from models.data_ood.render import _font
+    from PIL import ImageFont
 
-    font = _font(PRINTED_FONTS[int(rng.integers(len(PRINTED_FONTS)))], 96)
+    from models.data_ood.render import font_dir
+
+    name = PRINTED_FONTS[int(rng.integers(len(PRINTED_FONTS)))]
+    font = ImageFont.truetype(str(font_dir() / name), 96)
     mask = Image.new("L", (160, 160), 0)
     ImageDraw.Draw(mask).text((80, 80), str(label), fill=255, font=font, anchor="mm")
     mask = mask.crop(mask.getbbox())

@@ -7,7 +7,7 @@ on a larger canvas, under uneven light, JPEG-compressed, in colour. :func:`canon
 MNIST's own construction to such a picture, so the model sees what it was trained on:
 
 1. alpha flattened onto white, then grayscale with the ITU-R 601 luma rule
-   (:func:`models.data.conform_image`'s, bit-identical to PIL's ``convert("L")``);
+   (:func:`conform_image`'s, bit-identical to PIL's ``convert("L")``);
 2. large canvases reduced (antialiased) to :data:`WORK_SIDE` on their longer side, so the cost per
    image is bounded whatever the upload's size;
 3. background levelled: a cubic surface fitted robustly to the paper (not the ink) models
@@ -45,6 +45,7 @@ __all__ = [
     "Finding",
     "PrepareMode",
     "canonicalise",
+    "conform_image",
     "default_prepare",
     "prepare_image",
     "resolve_prepare",
@@ -75,7 +76,7 @@ FAINT_LEVEL = 0.1
 
 PrepareMode = Literal["mnist", "none"]
 #: ``mnist``: :func:`canonicalise` (the default for a 1×28×28 model); ``none``: pixels already in
-#: the model's format, only converted to its channels and resized (:func:`models.data.conform_image`).
+#: the model's format, only converted to its channels and resized (:func:`conform_image`).
 PREPARE_MODES: tuple[PrepareMode, ...] = ("mnist", "none")
 
 
@@ -93,6 +94,55 @@ class Canonical(NamedTuple):
 
     image: torch.Tensor
     finding: Finding
+
+
+def conform_image(image: torch.Tensor, in_channels: int, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 ``(C, H, W)`` (C in 1..4) or ``(H, W)`` -> uint8 ``(in_channels, *size)``.
+
+    Drops alpha, converts grayscale <-> RGB, resizes (antialiased) when the size differs; returns
+    the input itself when it already conforms. Raises ``ValueError`` naming the problem.
+    """
+    from torchvision.transforms.v2 import functional as TF
+
+    if not isinstance(image, torch.Tensor):
+        raise ValueError("image must be a torch.Tensor")
+    if image.dim() == 2:
+        image = image.unsqueeze(0)
+    if image.dim() != 3:
+        raise ValueError(f"image must have shape (C, H, W); got {tuple(image.shape)}")
+    if image.dtype != torch.uint8:
+        raise ValueError(f"image must be uint8; got {image.dtype}")
+    c = image.shape[0]
+    if c == 4:  # RGBA: drop alpha
+        image, c = image[:3], 3
+    if c == 2:  # grayscale + alpha
+        image, c = image[:1], 1
+    if c not in (1, 3):
+        raise ValueError(f"image must have 1, 3 or 4 channels; got {c}")
+    if c == 1 and in_channels == 3:
+        image = image.expand(3, -1, -1)
+    elif c == 3 and in_channels == 1:
+        image = _luma(image)
+    if tuple(image.shape[-2:]) != tuple(size):
+        image = TF.resize(image, list(size), antialias=True)
+    return image.contiguous()
+
+
+#: ITU-R 601-2 luma weights (0.299, 0.587, 0.114) in 16-bit fixed point, as PIL's "L"
+#: conversion computes them; they sum to 65536, so a gray pixel stays itself.
+_LUMA_FIXED = torch.tensor([19595, 38470, 7471], dtype=torch.int32).view(3, 1, 1)
+
+
+def _luma(image: torch.Tensor) -> torch.Tensor:
+    """uint8 RGB ``(3, H, W)`` -> uint8 luma ``(1, H, W)``, rounded, bit-identical to PIL's
+    ``convert("L")``.
+
+    Not ``torchvision``'s ``rgb_to_grayscale``: on uint8 it truncates, and its weights sum to
+    0.9999, so the same digit sent as RGB came out one level darker than sent as grayscale
+    (every v >= 1 became v - 1), which moved VGMU and SNR near the abstain threshold.
+    """
+    y = ((image.int() * _LUMA_FIXED).sum(0, keepdim=True) + 32768) >> 16  # (1, H, W)
+    return y.to(torch.uint8)
 
 
 def default_prepare(in_channels: int, input_size: tuple[int, int] | list[int]) -> PrepareMode:
@@ -126,18 +176,16 @@ def prepare_image(
     image: torch.Tensor, mode: PrepareMode, in_channels: int, input_size: tuple[int, int]
 ) -> Canonical:
     """One decoded uint8 image → the model's uint8 input under ``mode``: :func:`canonicalise`
-    (``mnist``) or :func:`models.data.conform_image` (``none``: channels and size only, always
+    (``mnist``) or :func:`conform_image` (``none``: channels and size only, always
     ``Finding.ok``). The one function the server, training data and evaluation call."""
     if mode == "mnist":
         return canonicalise(image)
-    from models.data import conform_image
-
     return Canonical(conform_image(image, in_channels, input_size), Finding.ok)
 
 
 def _gray(image: torch.Tensor) -> np.ndarray:
     """uint8 ``(C, H, W)`` (C 1–4) → float32 ``(H, W)`` in [0, 255]: alpha over white, then the
-    ITU-R 601 luma of :func:`models.data.conform_image` (16-bit fixed point, rounded: the same
+    ITU-R 601 luma of :func:`conform_image` (16-bit fixed point, rounded: the same
     levels as PIL's ``convert("L")``), in NumPy integers."""
     a = image.numpy()
     c = a.shape[0]

@@ -23,8 +23,7 @@ import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_image
 
-from models.data import conform_image
-from models.prepare import Finding, PrepareMode, prepare_image
+from models.prepare import Finding, PrepareMode, conform_image, prepare_image
 from service.common.errors import BadInput, PayloadTooLarge
 from service.common.settings import Settings
 

@@ -205,7 +205,7 @@ def test_rgb_conforms_to_the_same_gray_levels_as_grayscale_and_as_pil():
     rgb_to_grayscale made every level v >= 1 into v - 1), and colour becomes PIL's "L" luma exactly."""
     from PIL import Image
 
-    from models.data import conform_image
+    from models.prepare import conform_image
 
     gray = torch.arange(256, dtype=torch.uint8).reshape(1, 16, 16)
     assert torch.equal(conform_image(gray.expand(3, -1, -1), 1, (16, 16)), gray)
