@@ -8,6 +8,12 @@ from pathlib import Path
 
 from service.cli import CliError, check_output_dir
 
+#: Where results go without ``--out``, relative to the working directory: one folder per model and
+#: split, written over by the next run of the same pair. ``/runs/`` is git-ignored in the repository, so
+#: an evaluation from its root leaves the working tree clean (model directories may be read-only
+#: package data, so never beside the model).
+DEFAULT_OUT_ROOT = Path("runs") / "eval"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -28,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--out",
         type=Path,
         default=None,
-        help="output directory (default: ./eval-<MODEL_DIR name>-<SPLIT>)",
+        help=f"output directory (default: {DEFAULT_OUT_ROOT}/<MODEL_DIR name>-<SPLIT> under the "
+        "working directory; git-ignored in the repository)",
     )
     p.add_argument(
         "--split",
@@ -58,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
                                   else model_dir)  # fmt: skip
     if not model_dir.is_dir():
         raise CliError(f"{model_dir}: no such model directory")
-    # Default output goes to the working directory: model directories may be read-only package data.
-    out = args.out if args.out is not None else Path(f"eval-{model_dir.name}-{args.split}")
+    out = args.out if args.out is not None else DEFAULT_OUT_ROOT / f"{model_dir.name}-{args.split}"
     check_output_dir(out)
     try:
         metrics = run_evaluation(model_dir, out, split=args.split, data_root=args.data_root)
@@ -96,5 +102,5 @@ def run(args: argparse.Namespace) -> int:
             + f"; VGMU OOD AUROC far groups {suite['far']['scores']['vgmu']['auroc']:.3f}, "
             f"all groups {suite['all']['scores']['vgmu']['auroc']:.3f}"
         )
-    print(f"wrote {out / 'metrics.json'}, {out / 'report.md'} and {len(metrics['plots'])} plots")
+    print(f"wrote {out.resolve()}: metrics.json, report.md and {len(metrics['plots'])} plots")
     return 0

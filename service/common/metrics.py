@@ -205,7 +205,11 @@ class Metrics:
         )
         self.abstain_ratio_window = Gauge(
             "vge_abstain_ratio_window",
-            "Share of the last 2000 served images that abstained.",
+            "Share of the served model's last 2000 answered images that abstained. Counting "
+            "starts when the model is loaded (engine start, promote, reload, rollback); the "
+            "gauge reads 0 until 200 images are counted, then the share over all counted (up "
+            "to the last 2000), refreshed at most once a second as images are answered; NaN "
+            "once a model of another name serves.",
             ["model"],
             registry=r,
             multiprocess_mode="livemax",

@@ -493,3 +493,108 @@ def test_build_context_builds_a_wheel_with_the_default_model(tmp_path):
     shipped = {p.name for p in default_model_dir().iterdir() if p.is_file()}
     assert {f"models/zoo/{DEFAULT_MODEL}/{n}" for n in shipped} <= names
     assert "service/cli/serve.py" in names
+
+
+# --------------------------------------------------------------------------------------------
+# Documentation examples (issue 32: a newcomer copies them as they are)
+# --------------------------------------------------------------------------------------------
+
+README = REPO / "README.md"
+DEPLOYMENT_DOC = REPO / "docs" / "deployment.md"
+
+
+def _markdown_sections(path: Path) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``(heading, [(language, code), ...])`` per heading of ``path``, with the fenced code blocks
+    under it (up to the next heading of any level; ``#`` lines inside a fence are code)."""
+    sections: list[tuple[str, list[tuple[str, str]]]] = [("", [])]
+    fence: tuple[str, list[str]] | None = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if fence is None and line.startswith("```"):
+            fence = (line[3:].strip(), [])
+        elif fence is not None and line.startswith("```"):
+            sections[-1][1].append((fence[0], "\n".join(fence[1])))
+            fence = None
+        elif fence is not None:
+            fence[1].append(line)
+        elif line.startswith("#"):
+            sections.append((line.lstrip("#").strip(), []))
+    assert fence is None, f"{path.name}: unclosed code block"
+    return sections
+
+
+def _blocks(path: Path, *headings: str) -> list[tuple[str, str]]:
+    """The code blocks under the sections whose heading starts with one of ``headings`` (all of
+    the file's blocks when none is given); each named heading must exist."""
+    sections = _markdown_sections(path)
+    if not headings:
+        return [b for _, blocks in sections for b in blocks]
+    for h in headings:
+        assert any(title.startswith(h) for title, _ in sections), f"{path.name}: no section {h!r}"
+    return [b for title, blocks in sections if title.startswith(headings) for b in blocks]
+
+
+def _example_code() -> str:
+    """Every example a newcomer runs to serve or call a model: README's Quick start, training
+    jobs, V2 clients and Docker Compose sections, every block of docs/deployment.md (Kubernetes,
+    KServe, tritonclient), the compose files and the Dockerfile."""
+    readme = _blocks(README, "Quick start", "Training jobs", "V2 clients",
+                     "Running with Docker Compose")  # fmt: skip
+    parts = [code for _, code in readme + _blocks(DEPLOYMENT_DOC)]
+    parts += [p.read_text() for p in (COMPOSE, COMPOSE_CPU, DOCKERFILE)]
+    return "\n".join(parts)
+
+
+def test_every_example_serves_and_calls_the_shipped_default_model(env_file):
+    """Issue 32: the KServe example served LeNet (`storageUri`) while its client called
+    `cnn4-lle-vgn-mnist`, a 404. Every example that serves a model, or calls one by name, names
+    the shipped default (read from the code, not restated here)."""
+    from models.zoo import DEFAULT_MODEL, zoo_models
+
+    others = set(zoo_models()) - {DEFAULT_MODEL}
+    assert DEFAULT_MODEL in zoo_models() and others, "the check below would look for nothing"
+    code = _example_code()
+    named = {o for o in others if o in code}
+    assert not named, f"examples name {sorted(named)}, not the default {DEFAULT_MODEL}"
+
+    # Where a model is named to serve or call, it is the default; each kind of example exists.
+    named_by = {
+        "KServe storageUri": re.findall(r"storageUri:\s*(\S+?)/?(?:\s|$)", code),
+        "tritonclient infer()": re.findall(r"\.infer\(\s*[\"']([^\"']+)", code),
+        "perf_analyzer -m": re.findall(r"perf_analyzer\s+-m\s+(\S+)", code),
+        "an answer's model": re.findall(r"\"model\":\s*\"([^\"]+)\"", code),
+    }
+    for what, names in named_by.items():
+        assert names, f"no {what} found in the examples: is this test still reading them?"
+        assert {n.rsplit("/", 1)[-1] for n in names} == {DEFAULT_MODEL}, (what, names)
+    for name in re.findall(r"/v2/models/([^/\s{<\"']+)", code):
+        assert name == DEFAULT_MODEL, f"/v2/models/{name} in an example"
+    for name in re.findall(r"--model-dir[ =](\S+)", code):
+        assert name == DEFAULT_MODEL, f"--model-dir {name} in an example"
+
+    # A model directory set in an example is KServe's download of the default (above), or none.
+    for value in re.findall(r"VGE_MODEL_DIR\W+value:\s*(\S+?)[}\s]", code):
+        assert value == "/mnt/models", f"VGE_MODEL_DIR={value} in docs/deployment.md"
+    for files in ((COMPOSE,), (COMPOSE, COMPOSE_CPU)):
+        env = _compose_json(files, env_file)["services"]["vge"]["environment"]
+        assert env.get("VGE_MODEL_DIR") in (None, DEFAULT_MODEL), env.get("VGE_MODEL_DIR")
+    assert not any(k == "ENV" and "VGE_MODEL_DIR=" in a for k, a in _instructions())
+
+
+def test_every_file_a_doc_example_uploads_exists():
+    """Issue 32: the Docker "Try it" step uploaded `digit.png`, which nobody has. Every file a
+    curl example in README.md or docs/ uploads (`-F images=@PATH`) is in the repository, where
+    the examples run (its root)."""
+    docs = [README, *sorted((REPO / "docs").glob("*.md"))]
+    uploads = {
+        (doc.name, path)
+        for doc in docs
+        for _, code in _blocks(doc)
+        for path in re.findall(r"-F\s+[\"']?\w+=@([^\s\"';]+)", code)
+        if "$" not in path
+    }
+    missing = sorted((doc, p) for doc, p in uploads if not (REPO / p).is_file())
+    assert not missing, f"examples upload files the repository lacks: {missing}"
+    try_it = _blocks(README, "Running with Docker Compose")
+    assert any(re.search(r"-F\s+[\"']?images=@", code) for _, code in try_it), (
+        "the Docker section no longer uploads an image: update this test"
+    )

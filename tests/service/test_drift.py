@@ -98,3 +98,35 @@ def test_a_same_named_successor_keeps_its_series_and_the_rest_read_nan(
     ratio, d_vgmu, d_eu, deferral = _gauges(metrics, "m")
     assert ratio == 0.0  # the successor exports it (0 until its window fills)
     assert math.isnan(d_vgmu) and math.isnan(d_eu) and math.isnan(deferral)
+
+
+def test_the_abstain_window_counts_from_the_load_and_its_help_says_so(
+    card: SimpleNamespace,
+) -> None:
+    """Issue 32: the help an operator reads on /metrics says when the gauge starts counting, with
+    the monitor's own numbers; and the monitor does what it says."""
+    metrics = Metrics()
+    doc = metrics.abstain_ratio_window._documentation
+    assert f"last {drift.WINDOW} answered images" in doc
+    assert f"reads 0 until {drift.MIN_SAMPLES} images are counted" in doc
+    assert "starts when the model is loaded" in doc and "NaN" in doc
+
+    def ratio() -> float:
+        return metrics.abstain_ratio_window.labels(model="m")._value.get()
+
+    monitor = UncertaintyMonitor("m", card, metrics)
+    few = drift.MIN_SAMPLES - 1
+    monitor.observe(_columns(np.full(few, 0.9), np.zeros(few), np.ones(few)))
+    assert ratio() == 0.0  # every image abstained, but fewer than MIN_SAMPLES are counted
+    monitor.observe(_columns(np.full(1, 0.9), np.zeros(1), np.ones(1)))
+    assert ratio() == 1.0  # now the share over all counted, the first image included
+    monitor._last = -1e9  # due for a refresh
+    w = drift.WINDOW
+    monitor.observe(_columns(np.zeros(w), np.zeros(w), np.zeros(w)))
+    assert ratio() == 0.0  # only the last WINDOW images count
+    monitor._last = -1e9
+    n = drift.MIN_SAMPLES
+    monitor.observe(_columns(np.full(n, 0.9), np.zeros(n), np.ones(n)))
+    assert ratio() == pytest.approx(n / w)
+    UncertaintyMonitor("m", card, metrics)  # the model loaded again: a new count from 0
+    assert ratio() == 0.0

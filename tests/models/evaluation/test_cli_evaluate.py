@@ -80,11 +80,30 @@ def test_vge_evaluate_writes_metrics_plots_and_report(
 
 
 def test_vge_evaluate_val_split_default_out_dir(
-    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.chdir(tmp_path)
+    """Without --out the results go to runs/eval/<model>-<split> (git-ignored in the repository:
+    an evaluation from its root leaves the working tree clean) and the last line says where."""
+    import subprocess
+
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
     assert main(["evaluate", str(tiny_model), "--split", "val"]) == 0
-    metrics = json.loads((tmp_path / f"eval-{tiny_model.name}-val" / "metrics.json").read_text())
+    out = work / "runs" / "eval" / f"{tiny_model.name}-val"
+    assert sorted(p.name for p in work.iterdir()) == ["runs"]  # nothing else in the cwd
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"wrote {out.resolve()}: metrics.json, report.md and ")
+    repo = Path(__file__).resolve().parents[3]
+    rel = out.relative_to(work) / "metrics.json"
+    ignored = subprocess.run(
+        ["git", "-C", str(repo), "check-ignore", "-q", "--no-index", str(rel)], check=False
+    )
+    assert ignored.returncode == 0, f"{rel} is not git-ignored in the repository"
+    metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["split"] == "val" and metrics["n_samples"] == 800
     # calibration targeted 5 % deferral on exactly this split
     assert metrics["abstention"]["deferral"] == pytest.approx(0.05, abs=1 / 800)
