@@ -547,7 +547,12 @@ def save_checkpoint(module: nn.Module, card: ModelCard, out_dir: str | Path) -> 
     # keys would make the file bytes (and the sha256) differ between identical saves
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(weights)
-    weights.chmod(0o644)  # safetensors writes 0600; weights are meant to be shared/packaged
+    # safetensors writes 0600 whatever the umask; weights are meant to be shared/packaged, so they
+    # get the mode any new file gets: 0644 under the usual umask 022, 0600 inside ``vge serve``
+    # (VGE_UMASK, 0077 by default: files the server creates are private).
+    mask = os.umask(0)
+    os.umask(mask)
+    weights.chmod(0o666 & ~mask)
     card = card.model_copy(
         update={"weights_sha256": file_sha256(weights), "learned_k": learned_k(module)}
     )

@@ -250,3 +250,21 @@ def test_a_card_is_never_written_that_would_not_load(tmp_path):
     with pytest.raises(ValueError, match="metrics"):
         save_card(card, tmp_path)
     assert not (tmp_path / CARD_FILE).exists()
+
+
+def test_weights_take_the_mode_any_new_file_gets(tmp_path):
+    """Weights are world-readable under the usual umask 022 (to be packaged) and private under
+    ``vge serve``'s default VGE_UMASK 0077 (issue 36: files the server creates are 0600)."""
+    import os
+    import stat
+
+    model = build_ensemble("lle", "lenet5", 10, 3, vgn=True)
+    old = os.umask(0o077)
+    try:
+        save_checkpoint(model, _card(), tmp_path / "private")
+        os.umask(0o022)
+        save_checkpoint(model, _card(), tmp_path / "shared")
+    finally:
+        os.umask(old)
+    mode = lambda d: stat.S_IMODE((tmp_path / d / "model.safetensors").stat().st_mode)  # noqa: E731
+    assert mode("private") == 0o600 and mode("shared") == 0o644
