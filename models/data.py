@@ -523,6 +523,14 @@ def _load_mixed(path: Path, image_size: int | None, max_train_samples: int | Non
     Files and class folders that are symbolic links out of ``path`` are not read. ``max_train_samples`` truncates the bundled part
     only. Raises ``ValueError`` for a missing or empty folder or a class folder whose name is not a
     bundled class ("0".."9").
+
+    ``path/outliers/*`` (``service.common.reviews.OUTLIER_FOLDER``: images a reviewer marked
+    *not a digit*) is no class: its images, read the same way, are ``extra["outliers"]`` (uint8
+    ``(n, 1, 28, 28)``), the reviewed outliers outlier exposure adds to its pool
+    (:class:`models.training.outliers.OutlierExposure`). One in which the reading finds no digit
+    (``Finding`` not ``ok``: blank, a texture, a filled canvas) is left out and counted in
+    ``extra["outliers_unread"]``: the server defers on it without asking the model, so the model
+    has nothing to learn from it (its canvas would be empty).
     """
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
@@ -535,29 +543,40 @@ def _load_mixed(path: Path, image_size: int | None, max_train_samples: int | Non
         raise ValueError(f"ImageFolder directory {path} does not exist")
     base = _load_mnist_bundled(max_train_samples)
     index = {c: i for i, c in enumerate(base.class_names)}
-    folders = sorted(d for d in path.iterdir() if d.is_dir())
+    outlier_dir = path / "outliers"  # service.common.reviews.OUTLIER_FOLDER: not a class
+    folders = sorted(d for d in path.iterdir() if d.is_dir() and d.name != outlier_dir.name)
     unknown = [d.name for d in folders if d.name not in index]
     if unknown:
         raise ValueError(
             f"ImageFolder {path}: class folder(s) {', '.join(map(repr, unknown))} are not classes "
             f"of mnist-bundled ({', '.join(base.class_names)})"
         )
-    files = [
-        (f, index[d.name])
-        for d in folders
-        if inside(d, path)
-        for f in sorted(d.iterdir())
-        if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS and inside(f, path)
-    ]
-    if not files:
+
+    def images_in(d: Path) -> list[Path]:
+        if not (d.is_dir() and inside(d, path)):
+            return []
+        return [
+            f
+            for f in sorted(d.iterdir())
+            if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS and inside(f, path)
+        ]
+
+    files = [(f, index[d.name]) for d in folders for f in images_in(d)]
+    outlier_files = images_in(outlier_dir)
+    if not files and not outlier_files:
         raise ValueError(f"no images found under {path} (expected {path}/<class name>/*.png)")
     size = base.input_size
     # Read as the server reads an upload (models.prepare, prepare=mnist): a reviewed photo of a
     # digit trains as the canonical digit the model is served.
-    from models.prepare import canonicalise
+    from models.prepare import Finding, canonicalise
 
-    images = torch.stack([canonicalise(_read_image(f)).image for f, _ in files])
+    empty = torch.zeros((0, 1, *size), dtype=torch.uint8)
+    read = [canonicalise(_read_image(f)).image for f, _ in files]
+    images = torch.stack(read) if read else empty
     labels = torch.tensor([c for _, c in files], dtype=torch.int64)
+    seen = [canonicalise(_read_image(f)) for f in outlier_files]
+    kept = [c.image for c in seen if c.finding == Finding.ok]
+    outliers = torch.stack(kept) if kept else empty
     assert isinstance(base.train, TensorDataset)
     x_base, y_base = base.train.tensors
     train = TensorDataset(
@@ -582,8 +601,15 @@ def _load_mixed(path: Path, image_size: int | None, max_train_samples: int | Non
             base.fingerprint,
             "\n".join(f"{f.relative_to(path)}:{c}" for f, c in files),
             images.numpy().tobytes(),
+            *(["outliers", outliers.numpy().tobytes()] if outlier_files else []),
         ),
-        extra={**base.extra, "added_train": len(files), "added_by_class": added},
+        extra={
+            **base.extra,
+            "added_train": len(files),
+            "added_by_class": added,
+            "outliers": outliers,
+            "outliers_unread": len(outlier_files) - len(kept),
+        },
     )
 
 

@@ -47,6 +47,8 @@ class Progress:
                 "total_steps": self.total_steps,
                 "train_size": len(bundle.train),
                 "val_size": len(bundle.val),
+                # images reviewers marked not a digit, which outlier exposure draws on (outliers.py)
+                "reviewed_outliers": len(bundle.extra.get("outliers", ())),
                 "world_size": self.rt.world,
                 "device": str(self.rt.device),
                 "name": self.name,

@@ -12,6 +12,14 @@ members' mean q̄ for VGN models, paper §3.1, else p̄). It pushes the answer o
 flat mean, where the top-2 margin is small and the served rule (§3.2) defers. The outliers
 pass through BatchNorm with the digits' running statistics (see :meth:`OutlierExposure.loss`). λ is
 ``TrainConfig.outlier_exposure`` (Hendrycks et al. use 0.5); 0 turns it off.
+
+Images a reviewer marked *not a digit* (the review queue; ``imagefolder:<path>+mnist-bundled``
+data carries them as ``bundle.extra["outliers"]``, :func:`models.data.load_dataset`) join the
+pool as outliers, never as a class. They are few against the generated pool (tens against
+12,000), so drawn uniformly most would never be seen by a short fine-tune (64 draws a step from
+12,000: each image about 0.5 times in 2 epochs of the bundled digits); instead
+:data:`REVIEWED_SHARE` of every outlier batch is drawn from them, as every human-labelled digit
+is seen once an epoch.
 """
 
 from __future__ import annotations
@@ -27,7 +35,10 @@ from torch import Tensor, nn
 from models.data import DataBundle
 from models.ensembles import EnsembleOutput
 
-__all__ = ["OutlierExposure", "uniform_cross_entropy"]
+__all__ = ["REVIEWED_SHARE", "OutlierExposure", "uniform_cross_entropy"]
+
+#: The share of each outlier batch drawn from the reviewed outliers when there are any.
+REVIEWED_SHARE = 0.25
 
 
 def uniform_cross_entropy(out: EnsembleOutput, log_p: Tensor) -> Tensor:
@@ -47,11 +58,23 @@ class OutlierExposure:
     batch_size: int
     weight: float
     generator: torch.Generator
+    #: (R, 1, H, W) images reviewers marked not a digit, normalised like the digits; None: none
+    reviewed: Tensor | None = None
+
+    @property
+    def reviewed_per_batch(self) -> int:
+        """How many of each batch come from :attr:`reviewed` (:data:`REVIEWED_SHARE`, at
+        least 1 when there are any)."""
+        if self.reviewed is None or self.reviewed.shape[0] == 0:
+            return 0
+        return max(1, round(REVIEWED_SHARE * self.batch_size))
 
     @classmethod
     def for_run(cls, config, bundle: DataBundle, rank: int = 0) -> OutlierExposure:  # noqa: ANN001
         """The pool for ``config`` (``outlier_pool`` images of seed ``config.seed``), normalised
-        with the dataset's mean and std. Only for 1-channel 28×28 data (the generators' size)."""
+        with the dataset's mean and std, and the dataset's reviewed outliers
+        (``bundle.extra["outliers"]``, uint8 ``(R, 1, 28, 28)``) when it has any. Only for
+        1-channel 28×28 data (the generators' size)."""
         from models.data_ood import outlier_exposure_set
 
         if bundle.in_channels != 1 or tuple(bundle.input_size) != (28, 28):
@@ -63,13 +86,26 @@ class OutlierExposure:
         x = torch.from_numpy(images).float().div_(255.0).unsqueeze(1)
         x = (x - bundle.mean[0]) / bundle.std[0]
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 104_729 * (rank + 1))
-        return cls(x, config.outlier_batch_size, config.outlier_exposure, gen)
+        reviewed = None
+        extra = bundle.extra.get("outliers")
+        if extra is not None and len(extra):
+            r = torch.as_tensor(extra).float().div_(255.0).reshape(-1, 1, 28, 28)
+            reviewed = (r - bundle.mean[0]) / bundle.std[0]
+        return cls(x, config.outlier_batch_size, config.outlier_exposure, gen, reviewed)
 
     def batch(self, device: torch.device) -> Tensor:
-        """A random batch of the pool, each image mirrored and/or turned by a multiple of 90°
-        at random (outliers have no orientation to keep)."""
-        idx = torch.randint(self.pool.shape[0], (self.batch_size,), generator=self.generator)
+        """A random batch of the pool (:attr:`reviewed_per_batch` of it from the reviewed
+        outliers), each image mirrored and/or turned by a multiple of 90° at random (outliers
+        have no orientation to keep)."""
+        n_rev = self.reviewed_per_batch
+        idx = torch.randint(
+            self.pool.shape[0], (self.batch_size - n_rev,), generator=self.generator
+        )
         x = self.pool[idx]
+        if n_rev:
+            assert self.reviewed is not None
+            ridx = torch.randint(self.reviewed.shape[0], (n_rev,), generator=self.generator)
+            x = torch.cat([self.reviewed[ridx], x])
         flip = torch.rand(self.batch_size, generator=self.generator) < 0.5
         x[flip] = x[flip].flip(-1)
         turn = torch.rand(self.batch_size, generator=self.generator) < 0.5

@@ -12,9 +12,14 @@ no extra hop through the engine:
   image queued twice is stored once, and while it is pending for the same model it is one item
   (``already_queued`` returns the existing id, so reviewers never label the same image twice).
 
-States: ``pending`` → ``reviewed`` (a label from the model's classes) | ``skipped``; a skipped item
-can still be labelled later, and a reviewed one relabelled: every earlier label stays in the item's
-``history`` (label, reviewer, how the reviewer was identified, time), oldest first. Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
+States: ``pending`` → ``reviewed`` (a label from the model's classes, or *not a digit*) |
+``skipped``; a skipped item can still be labelled later, and a reviewed one relabelled: every earlier label stays in the item's
+``history`` (label, reviewer, how the reviewer was identified, time), oldest first. *Not a
+digit* (:meth:`ReviewStore.mark_not_a_digit`; ``"not_a_digit": true`` in the API) says the image
+is none of the model's classes: it is no class and never becomes one. It is stored as a reviewed
+item without a label (a reviewed item with a class always has one), counted apart from the
+human–model agreement in :meth:`ReviewStore.stats`, exported under :data:`OUTLIER_FOLDER`, and
+trains as an outlier of outlier exposure (service.engine.jobs, models.data). Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
 one reviewer for a lease; until it expires no other reviewer is handed that item (PostgreSQL:
 ``FOR UPDATE SKIP LOCKED``; SQLite: one writer at a time, so the ``UPDATE … RETURNING`` is atomic).
 Bounded: at most ``max_items`` pending items and ``max_bytes`` of their images (checked before
@@ -119,6 +124,11 @@ def sniff_content_type(data: bytes) -> str:
     return "application/octet-stream"
 
 
+#: The export's folder of the images reviewers marked *not a digit* (none of the model's classes):
+#: ``outliers/<sha256>.png`` beside the class folders. :func:`class_folder` never returns it: a
+#: class literally named ``outliers`` gets ``%6Futliers``.
+OUTLIER_FOLDER = "outliers"
+
 #: A class name used as it is for its folder in exports and training data: letters, digits,
 #: ``_ . + -``, starting with a letter or digit (never ``.``, ``..``, a ``/`` or a hidden name),
 #: at most 100 characters. Model cards' class names are checked elsewhere; this holds whatever
@@ -132,11 +142,16 @@ def class_folder(label: str) -> str:
     """The folder name of class ``label`` in exports and training data: ``label`` itself when it
     matches :data:`SAFE_CLASS_NAME` (the digits' ``"0"``…``"9"``, ``"cat"``), else its UTF-8
     bytes percent-encoded but for letters, digits and ``_`` (``../x`` → ``%2E%2E%2Fx``), or
-    ``%sha256-<hex>`` when that is longer than 200 characters.
+    ``%sha256-<hex>`` when that is longer than 200 characters. A class named like
+    :data:`OUTLIER_FOLDER` gets its first letter encoded (``%6Futliers``): that folder holds the
+    images marked *not a digit*.
 
     Never a path of more than one component, never ``.`` or ``..``, and one-to-one: a safe name
-    has no ``%`` and an encoded one always has one, so two classes never share a folder.
+    has no ``%`` and an encoded one always has one, so two classes never share a folder (the
+    letters of an encoded name are kept as they are, so only the reserved name starts ``%6F``).
     """
+    if label == OUTLIER_FOLDER:
+        return f"%{ord(label[0]):02X}{label[1:]}"
     if SAFE_CLASS_NAME.fullmatch(label):
         return label
     encoded = "".join(chr(b) if b in _KEEP_BYTES else f"%{b:02X}" for b in label.encode())
@@ -646,6 +661,7 @@ class ReviewStore:
             "classes": json.loads(row["classes"]),
             "answer": json.loads(row["answer"]),
             "label": row["label"],
+            "not_a_digit": row["state"] == "reviewed" and row["label"] is None,
             "reviewer": row["reviewer"],
             "reviewed_at": row["reviewed_at"],
             "reviewer_via": row.get("reviewer_via"),
@@ -740,6 +756,14 @@ class ReviewStore:
         """
         return self._close(item_id, "reviewed", reviewer, label, now, via)
 
+    def mark_not_a_digit(
+        self, item_id: str, reviewer: str, now: float | None = None, *, via: str | None = None
+    ) -> dict[str, Any]:
+        """Record that the image is none of the model's classes (*not a digit*) → ``reviewed``
+        with ``label`` None and ``not_a_digit`` true; relabels a reviewed item as
+        :meth:`label` does. It is no class: it trains as an outlier (service.engine.jobs)."""
+        return self._close(item_id, "reviewed", reviewer, None, now, via)
+
     def skip(
         self, item_id: str, reviewer: str, now: float | None = None, *, via: str | None = None
     ) -> dict[str, Any]:
@@ -778,8 +802,10 @@ class ReviewStore:
             relabel = row["state"] == "reviewed"
             if row["state"] != "pending":  # what it said before (a skip, or an earlier label)
                 history.append({
-                    "state": row["state"], "label": row["label"], "reviewer": row["reviewer"],
-                    "reviewer_via": row.get("reviewer_via"), "at": row["reviewed_at"],
+                    "state": row["state"], "label": row["label"],
+                    "not_a_digit": row["state"] == "reviewed" and row["label"] is None,
+                    "reviewer": row["reviewer"], "reviewer_via": row.get("reviewer_via"),
+                    "at": row["reviewed_at"],
                 })  # fmt: skip
             if len(history) > self.max_history:  # the newest kept, the rest only counted
                 cut = len(history) - self.max_history
@@ -798,7 +824,9 @@ class ReviewStore:
     # ------------------------------------------------------------------ statistics, export
     def stats(self, model: str | None = None) -> dict[str, Any]:
         """Counts by state, agreement of human labels with the model (overall and per predicted
-        class), and the median time from queueing to a label."""
+        class), the items marked *not a digit* (counted apart: neither an agreement nor a
+        disagreement, since the model had no right class to give), and the median time from
+        queueing to a label (every reviewed item)."""
         where, params = ("WHERE model = ?", (model,)) if model else ("", ())
         counts = {s: 0 for s in STATES}
         and_model = "AND model = ?" if model else ""
@@ -813,28 +841,42 @@ class ReviewStore:
                 params,
             )
         per_class: dict[str, list[int]] = {}
+        outliers: dict[str, int] = {}
         for r in rows:
+            if r["label"] is None:  # not a digit
+                outliers[r["prediction"]] = outliers.get(r["prediction"], 0) + 1
+                continue
             agree, n = per_class.setdefault(r["prediction"], [0, 0])
             per_class[r["prediction"]] = [agree + (r["label"] == r["prediction"]), n + 1]
         agreed = sum(a for a, _ in per_class.values())
+        labelled = sum(n for _, n in per_class.values())
         return {
             "counts": counts,
-            "agreement": agreed / len(rows) if rows else None,
+            "labelled": labelled,
+            "agreement": agreed / labelled if labelled else None,
             "agreement_by_class": {
                 c: {"agreement": a / n, "reviewed": n} for c, (a, n) in sorted(per_class.items())
+            },
+            "not_a_digit": {
+                "count": sum(outliers.values()),
+                "by_prediction": dict(sorted(outliers.items())),
             },
             "median_time_to_review_s": statistics.median(r["wait"] for r in rows) if rows else None,
         }
 
-    def reviewed(self, model: str | None = None) -> Iterator[tuple[str, str, bytes, str]]:
-        """``(label, sha256, image bytes, content type)`` of every reviewed item whose image is
-        still stored, oldest first; one image once per label."""
+    def reviewed(
+        self, model: str | None = None, *, not_a_digit: bool = False
+    ) -> Iterator[tuple[str | None, str, bytes, str]]:
+        """``(label, sha256, image bytes, content type)`` of every reviewed item with a class
+        label whose image is still stored, oldest first; one image once per label. With
+        ``not_a_digit``: the items marked *not a digit* instead (``label`` None), each image once."""
         and_model = "AND model = ?" if model else ""
+        has_label = "IS NULL" if not_a_digit else "IS NOT NULL"
         with self._use() as db:
             rows = db.fetchall(
                 "SELECT label, sha256, content_type, MIN(created_at) AS first_at FROM reviews "
-                f"WHERE state = 'reviewed' {and_model} GROUP BY label, sha256, content_type "
-                "ORDER BY first_at",
+                f"WHERE state = 'reviewed' AND label {has_label} {and_model} "
+                "GROUP BY label, sha256, content_type ORDER BY first_at",
                 (model,) if model else (),
             )
         for r in rows:
@@ -844,16 +886,33 @@ class ReviewStore:
                 continue
             yield r["label"], r["sha256"], data, r["content_type"]
 
-    def export_items(self, model: str | None = None) -> Iterator[tuple[str, bytes]]:
+    def export_items(
+        self, model: str | None = None, *, outliers: bool = True
+    ) -> Iterator[tuple[str, bytes]]:
         """``(path, PNG bytes)`` of every reviewed image as an ImageFolder member:
-        ``<class folder>/<sha256>.png``, the folder :func:`class_folder` of its label. What the
-        review export's tar and a training job's data hold: a class name never becomes a path
-        of its own (``../x`` or ``/abs`` would leave the folder they are written into)."""
+        ``<class folder>/<sha256>.png``, the folder :func:`class_folder` of its label, then (with
+        ``outliers``) the images marked *not a digit* as ``outliers/<sha256>.png``
+        (:data:`OUTLIER_FOLDER`, never a class's folder). What the review export's tar and a
+        training job's data hold: a class name never becomes a path of its own (``../x`` or
+        ``/abs`` would leave the folder they are written into)."""
         from service.common.decode import to_png
 
         for label, sha, data, ctype in self.reviewed(model):
             png = data if ctype == "image/png" else to_png(data)
-            yield f"{class_folder(label)}/{sha}.png", png
+            yield f"{class_folder(str(label))}/{sha}.png", png
+        if outliers:
+            for _, sha, data, ctype in self.reviewed(model, not_a_digit=True):
+                png = data if ctype == "image/png" else to_png(data)
+                yield f"{OUTLIER_FOLDER}/{sha}.png", png
+
+    def not_a_digit_count(self, model: str | None = None) -> int:
+        """How many distinct images are marked *not a digit* (what a job's outlier set gets)."""
+        and_model = "AND model = ?" if model else ""
+        with self._use() as db:
+            return int(db.scalar(
+                "SELECT COUNT(DISTINCT sha256) AS n FROM reviews WHERE state = 'reviewed' "
+                f"AND label IS NULL {and_model}", (model,) if model else (),
+            ))  # fmt: skip
 
     # ------------------------------------------------------------------ retention
     def sweep(self, retention_days: float, now: float | None = None) -> int:

@@ -274,7 +274,7 @@ class Engine:
                 histogram.labels(model=name)
             # Human review: 0 pending (the housekeeping loop keeps it current when the queue is on).
             self.metrics.review_queue_depth.labels(model=name)
-            for outcome in ("agree", "disagree", "skipped"):
+            for outcome in ("agree", "disagree", "not_a_digit", "skipped"):
                 self.metrics.reviews.labels(model=name, outcome=outcome)
             for status in ("queued", "already_queued", "queue_full", "unavailable", "error"):
                 self.metrics.review_enqueued.labels(model=name, status=status)

@@ -16,7 +16,11 @@ with version ``<served version>-<job id>`` (so ``/v2/models/{name}`` URLs keep w
 promote) and, when they fit, its weights (fine-tuning; ``"init": "scratch"`` opts out). A
 submission is validated whole before anything is written; ``reviews[+mnist-bundled]`` exports the
 labelled review images into the job's own folder (``jobs_dir/<job id>/reviews``), deleted when
-the job ends however it ends.
+the job ends however it ends. Images a reviewer marked *not a digit* are no class: with
+``reviews+mnist-bundled`` they go to that folder's ``outliers/`` and train as outliers of outlier
+exposure (models.training.outliers; switched on at :data:`REVIEW_OUTLIER_EXPOSURE` when the
+recipe has it off and the submission does not set ``outlier_exposure``); ``reviews`` alone
+(an ImageFolder of classes) leaves them out.
 
 States: ``queued`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled`` | ``interrupted``.
 """
@@ -51,6 +55,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("vge.jobs")
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
+#: The outlier-exposure weight a ``reviews+mnist-bundled`` job trains with when reviewers marked
+#: images *not a digit*, its recipe has outlier exposure off (0) and the submission does not set
+#: ``outlier_exposure``: the shipped OE model's weight (models/zoo/cnn4-lle-vgn-oe-mnist.yaml).
+#: Without it those images would not be used at all.
+REVIEW_OUTLIER_EXPOSURE = 1.0
 #: A fine-tune (``init_from`` set) without its own ``lr`` runs at the recipe's lr times this.
 FINE_TUNE_LR_FACTOR = 0.1
 
@@ -343,7 +352,8 @@ class JobManager:
             cfg, reviews = self._resolve(job_id, dict(config), served)
             self._check_capacity()
             if reviews:
-                self._export_reviews(self._export_dir(job_id))
+                mixed = cfg.dataset.endswith(MIXED_SUFFIX)
+                self._export_reviews(self._export_dir(job_id), outliers=mixed)
             try:
                 self.store.create(job_id, cfg.model_dump(mode="json"))
             except BaseException:
@@ -403,6 +413,8 @@ class JobManager:
             )
             config = {**base, **user}
         reviews = config.get("dataset") in ("reviews", "reviews+mnist-bundled")
+        if config.get("dataset") == "reviews+mnist-bundled":
+            config = self._with_review_outliers(config, user)
         config = self._place_data(config, job_id)
         try:
             cfg = TrainConfig.model_validate(config)
@@ -430,6 +442,25 @@ class JobManager:
             raise InvalidValue(f"invalid training config: {exc}") from None
         self._check_memory(cfg)
         return cfg, reviews
+
+    def _with_review_outliers(self, config: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+        """A ``reviews+mnist-bundled`` job's config, with outlier exposure on at
+        :data:`REVIEW_OUTLIER_EXPOSURE` when reviewers marked images *not a digit*, the recipe
+        has it off and the submission does not set ``outlier_exposure`` (the job's answer shows
+        the config it runs). A submission's own ``outlier_exposure: 0`` is kept, and logged:
+        those images are then not used."""
+        if self.reviews is None:
+            return config  # _place_data says the queue is off
+        n = self.reviews.not_a_digit_count()
+        if not n or config.get("outlier_exposure"):
+            return config
+        if "outlier_exposure" in user:
+            log.warning("jobs: outlier_exposure 0 given: the %d image(s) reviewers marked not a "
+                        "digit are not used", n)  # fmt: skip
+            return config
+        log.info("jobs: %d image(s) marked not a digit: outlier exposure on at weight %g", n,
+                 REVIEW_OUTLIER_EXPOSURE)  # fmt: skip
+        return {**config, "outlier_exposure": REVIEW_OUTLIER_EXPOSURE}
 
     def memory_budget(self, device: str | None) -> int:
         """The bytes one job may need: ``job_memory_budget_bytes``, else
@@ -518,16 +549,17 @@ class JobManager:
             shutil.rmtree(folder, ignore_errors=True)
             log.info("job %s: removed its exported review images", job_id)
 
-    def _export_reviews(self, folder: Path) -> None:
+    def _export_reviews(self, folder: Path, *, outliers: bool = True) -> None:
         """Write the human-labelled review items as an ImageFolder into ``folder`` (the job's
         own, so a job trains on the labels as they were when it was submitted): one folder per
         class, named by :func:`service.common.reviews.class_folder` (the class name when it is a
-        safe folder name, never a path). Nothing is left behind when it fails or finds nothing
-        to export."""
+        safe folder name, never a path), and with ``outliers`` the images marked *not a digit*
+        in ``outliers/`` (no class; ``reviews+mnist-bundled`` reads them as outliers). Nothing is
+        left behind when it fails or finds nothing to export."""
         n = 0
         root = folder.resolve()
         try:
-            for path, png in self.reviews.export_items():
+            for path, png in self.reviews.export_items(outliers=outliers):
                 # export_items names each image <safe class folder>/<sha256>.png; checked again
                 # here, where it becomes a file: nothing is written outside the job's folder.
                 target = (root / path).resolve()
@@ -543,6 +575,12 @@ class JobManager:
             shutil.rmtree(folder, ignore_errors=True)
             raise InvalidValue(
                 "dataset 'reviews' has nothing to train on: no review item is labelled yet"
+                + (
+                    ""
+                    if outliers
+                    else " with a class (not-a-digit items train as outliers only, "
+                    "with dataset 'reviews+mnist-bundled')"
+                )
             )
         log.info("exported %d reviewed images to %s", n, folder)
 

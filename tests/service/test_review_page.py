@@ -1,7 +1,8 @@
 """The reviewer page in a real headless Chromium (Debian's chromium + chromium-driver, selenium).
 
 Loads ``/review`` from a running ``vge serve``, enters the reviewer key, labels the shown item with
-a key press and skips the next with ``s``, and checks the API state changed. Keeps a screenshot
+a key press, skips the next with ``s``, marks the next *not a digit* with ``n`` (no class: the
+API records ``not_a_digit``, the stats count it apart), and checks the API state changed. Keeps a screenshot
 (``VGE_SCREENSHOT_DIR`` set: written there too, e.g. docs/ for the README).
 """
 
@@ -66,7 +67,7 @@ def test_reviewer_labels_with_the_keyboard(
     work = tmp_path_factory.mktemp("review-page")
     srv: Server = start_server(work, tiny_model, review_queue="on", reviewer_key=KEY, workers=1)
     try:
-        files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[20:23])]
+        files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[20:24])]
         r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
         ids = [x["review_id"] for x in r.json()["results"]]
         # The page and the images: a CSP (no framing, the page's own script only) and nosniff.
@@ -89,9 +90,10 @@ def test_reviewer_labels_with_the_keyboard(
         _wait(lambda: browser.execute_script(
             "const i = document.getElementById('image'); return i.complete && i.naturalWidth;"
         ), what="the image")  # fmt: skip
-        assert browser.find_element(By.ID, "depth").text == "3"
+        assert browser.find_element(By.ID, "depth").text == "4"
         buttons = browser.find_elements(By.CSS_SELECTOR, "#classes button.label")
         assert [b.text for b in buttons] == [str(i) for i in range(10)]
+        assert browser.find_element(By.ID, "not-a-digit").text == "Not a digit (n)"
         topk = browser.find_elements(By.CSS_SELECTOR, "#topk tr")
         assert len(topk) == 5
         screenshot = work / "review-page.png"
@@ -109,12 +111,18 @@ def test_reviewer_labels_with_the_keyboard(
         _wait(lambda: body.get_attribute("data-review-id") == ids[2], what="the third item")
         assert httpx.get(f"{srv.url}/v1/reviews/{ids[1]}", headers=H).json()["state"] == "skipped"
 
+        body.send_keys("n")  # the third is not a digit: no class
+        _wait(lambda: body.get_attribute("data-review-id") == ids[3], what="the fourth item")
+        item = httpx.get(f"{srv.url}/v1/reviews/{ids[2]}", headers=H).json()
+        assert (item["state"], item["label"], item["not_a_digit"]) == ("reviewed", None, True)
+
         # A button works as well; then the queue is empty.
         browser.find_element(By.CSS_SELECTOR, "#classes button[data-label='2']").click()
         _wait(lambda: browser.find_element(By.ID, "empty").is_displayed(), what="empty queue")
-        assert httpx.get(f"{srv.url}/v1/reviews/{ids[2]}", headers=H).json()["label"] == "2"
+        assert httpx.get(f"{srv.url}/v1/reviews/{ids[3]}", headers=H).json()["label"] == "2"
         stats = httpx.get(f"{srv.url}/v1/reviews/stats", headers=H).json()
-        assert stats["counts"] == {"pending": 0, "reviewed": 2, "skipped": 1}
+        assert stats["counts"] == {"pending": 0, "reviewed": 3, "skipped": 1}
+        assert stats["labelled"] == 2 and stats["not_a_digit"]["count"] == 1
     finally:
         srv.stop()
 

@@ -338,3 +338,50 @@ def test_one_key_holds_a_bounded_number_of_claims(db_url: str, tmp_path: Path) -
     store.label(first["id"], "3", "made-up-1", now=102.0)  # one claim fewer
     assert store.claim("made-up-3", now=102.0) is not None
     assert store.claim("made-up-4", now=111.0) is not None  # leases from 100 s ran out
+
+
+def test_not_a_digit_is_no_class(db_url: str, tmp_path: Path) -> None:
+    """*Not a digit* is a reviewed item without a label: no class, counted apart from the
+    human–model agreement, exported under ``outliers/`` (never a class's folder), and it can be
+    corrected either way with the history kept."""
+    from service.common.reviews import OUTLIER_FOLDER, class_folder
+
+    store = make_store(db_url, tmp_path)
+    digit = queue(store, PNG + b"d", label="3", now=0.0).review_id
+    wrong = queue(store, PNG + b"w", label="3", now=0.0).review_id
+    noise = queue(store, PNG + b"n", label="8", now=0.0).review_id
+    face = queue(store, PNG + b"f", label="8", now=0.0).review_id
+    store.label(digit, "3", "ann", now=10.0)
+    store.label(wrong, "5", "ann", now=10.0)
+    marked = store.mark_not_a_digit(noise, "ann", now=30.0, via="key")
+    assert (marked["state"], marked["label"], marked["not_a_digit"]) == ("reviewed", None, True)
+    assert marked["reviewer_via"] == "key" and not marked["relabelled"]
+    # a face first labelled 0 by mistake, then corrected to not a digit (and the history says so)
+    store.label(face, "0", "bob", now=20.0)
+    fixed = store.mark_not_a_digit(face, "ann", now=40.0)
+    assert fixed["relabelled"] and fixed["not_a_digit"]
+    assert [(h["label"], h["not_a_digit"]) for h in fixed["history"]] == [("0", False)]
+    assert store.get(digit)["not_a_digit"] is False
+
+    s = store.stats()
+    assert s["counts"] == {"pending": 0, "reviewed": 4, "skipped": 0}
+    assert s["labelled"] == 2 and s["agreement"] == pytest.approx(0.5)  # not-a-digit apart
+    assert s["not_a_digit"] == {"count": 2, "by_prediction": {"8": 2}}
+    assert "8" not in s["agreement_by_class"]
+    assert s["median_time_to_review_s"] == pytest.approx(20.0)  # every reviewed item waited
+    assert store.not_a_digit_count() == 2 and store.not_a_digit_count("other") == 0
+
+    assert sorted(lab for lab, *_ in store.reviewed()) == ["3", "5"]  # classes only
+    items = dict(store.export_items())
+    assert sorted(items) == sorted([
+        f"3/{store.get(digit)['sha256']}.png", f"5/{store.get(wrong)['sha256']}.png",
+        f"{OUTLIER_FOLDER}/{marked['sha256']}.png", f"{OUTLIER_FOLDER}/{fixed['sha256']}.png",
+    ])  # fmt: skip
+    assert not any(p.startswith(OUTLIER_FOLDER) for p, _ in store.export_items(outliers=False))
+    # a class literally named "outliers" never shares the outliers' folder
+    assert class_folder("outliers") == "%6Futliers" and class_folder("outlier") == "outlier"
+
+    # back to a class: no longer an outlier
+    again = store.label(noise, "8", "ann", now=50.0)
+    assert not again["not_a_digit"] and again["history"][-1]["not_a_digit"] is True
+    assert store.not_a_digit_count() == 1

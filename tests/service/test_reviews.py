@@ -146,6 +146,44 @@ def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> N
         time.sleep(0.3)
 
 
+def test_not_a_digit_through_the_api(review_server: Server, pngs: list[bytes]) -> None:
+    """``"not_a_digit": true`` (no label) marks an image none of the model's classes: no class,
+    counted apart from disagreements in the stats and the metrics, exported under
+    ``outliers/``; asking for both, neither or a non-boolean is a 422 naming the problem."""
+    srv = review_server
+    c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
+    (queued,) = predict(srv, pngs[60:61], review="always")
+    rid = queued["review_id"]
+    before = c.get("/v1/reviews/stats").json()
+    for body, words in (
+        ({"label": "3", "not_a_digit": True}, "not both"),
+        ({"reviewer": "ann"}, "give a label"),
+        ({"label": None}, "give a label"),
+        ({"not_a_digit": False}, "give a label"),
+        ({"not_a_digit": "yes"}, "not_a_digit"),
+    ):
+        r = c.post(f"/v1/reviews/{rid}", json=body)
+        assert r.status_code == 422 and words in r.json()["error"], (body, r.text)
+    assert c.get(f"/v1/reviews/{rid}").json()["state"] == "pending"
+
+    r = c.post(f"/v1/reviews/{rid}", json={"not_a_digit": True, "reviewer": "ann"})
+    assert r.status_code == 200, r.text
+    item = r.json()
+    assert (item["state"], item["label"], item["not_a_digit"]) == ("reviewed", None, True)
+
+    stats = c.get("/v1/reviews/stats").json()
+    assert stats["counts"]["reviewed"] == before["counts"]["reviewed"] + 1
+    assert stats["labelled"] == before["labelled"]  # not a disagreement, not an agreement
+    assert stats["agreement"] == before["agreement"]
+    assert stats["not_a_digit"]["count"] == before["not_a_digit"]["count"] + 1
+    assert stats["not_a_digit"]["by_prediction"][queued["label"]] >= 1
+    assert srv.metric("vge_reviews_total", outcome="not_a_digit") == 1
+
+    with tarfile.open(fileobj=io.BytesIO(c.get("/v1/reviews/export").content)) as tar:
+        member = tar.extractfile(f"outliers/{item['sha256']}.png")
+        assert member is not None and member.read() == pngs[60]
+
+
 def test_claim_and_skip_need_no_body_and_keys_name_reviewers(
     review_server: Server, pngs: list[bytes]
 ) -> None:

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from service.common.errors import Forbidden
 from service.common.reviews import ReviewStore
@@ -56,13 +56,35 @@ ModelName = Annotated[str | None, Query(max_length=128, description="Only this m
 
 
 class LabelRequest(BaseModel):
+    """A class label, or ``"not_a_digit": true`` (the image is none of the model's classes);
+    exactly one of the two."""
+
     model_config = ConfigDict(extra="forbid")
 
-    label: Annotated[str, Field(min_length=1, max_length=200)] | Annotated[int, Strict()] = Field(
-        description="One of the model's classes; an integer names the class of that name (9 for "
-        'class "9").'
+    label: Annotated[str, Field(min_length=1, max_length=200)] | Annotated[int, Strict()] | None = (
+        Field(
+            None,
+            description="One of the model's classes; an integer names the class of that name (9 "
+            'for class "9"). Leave it out (or null) with not_a_digit.',
+        )
+    )
+    not_a_digit: Annotated[bool, Strict()] = Field(
+        False,
+        description="true: the image is none of the model's classes (not a digit). It is no "
+        "class: stats count it apart from disagreements, the export puts it under outliers/, "
+        "and a training job on reviews+mnist-bundled uses it as an outlier.",
     )
     reviewer: Reviewer
+
+    @model_validator(mode="after")
+    def _one_answer(self) -> LabelRequest:
+        if self.not_a_digit and self.label is not None:
+            raise ValueError(
+                "give either a label or not_a_digit: true, not both (not a digit is no class)"
+            )
+        if not self.not_a_digit and self.label is None:
+            raise ValueError("give a label (one of the model's classes) or not_a_digit: true")
+        return self
 
 
 class SkipRequest(BaseModel):
@@ -104,6 +126,8 @@ def _closed(state: State, item: dict[str, Any]) -> dict[str, Any]:
     m = state.metrics
     if item["state"] == "skipped":
         outcome = "skipped"
+    elif item["not_a_digit"]:  # no class was right: neither an agreement nor a disagreement
+        outcome = "not_a_digit"
     else:
         outcome = "agree" if item["label"] == item["answer"]["label"] else "disagree"
     m.reviews.labels(model=item["model"], outcome=outcome).inc()
@@ -136,7 +160,8 @@ async def list_reviews(
 
 @router.get("/stats")
 async def review_stats(_: ReviewerKey, state: State, model: ModelName = None) -> dict[str, Any]:
-    """Counts by state, human-vs-model agreement (overall, per predicted class), median wait."""
+    """Counts by state, human-vs-model agreement (overall, per predicted class; over the items
+    given a class), the items marked not a digit (apart from disagreements), median wait."""
     return await asyncio.to_thread(state.review_store().stats, model)
 
 
@@ -148,7 +173,9 @@ async def review_stats(_: ReviewerKey, state: State, model: ModelName = None) ->
 async def export_reviews(_: ReviewerKey, state: State, model: ModelName = None) -> Response:
     """Stream the reviewed items as an ImageFolder tar: ``<class>/<sha256>.png``, the class's
     name as its folder when it is a safe folder name, else percent-encoded
-    (``service.common.reviews.class_folder``)."""
+    (``service.common.reviews.class_folder``), and the images marked not a digit as
+    ``outliers/<sha256>.png`` (no class is ever that folder; leave it out to use the tar as a
+    plain ImageFolder of classes)."""
     store = state.review_store()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return StreamingResponse(
@@ -212,12 +239,15 @@ async def review_image(review_id: str, _: ReviewerKey, state: State) -> Response
 async def label_review(
     review_id: str, body: LabelRequest, _: ReviewerKey, state: State, request: Request
 ) -> dict[str, Any]:
-    """Record the human label (one of the model's classes, else 422) → ``reviewed``; a reviewed
-    item is relabelled (its earlier labels stay in ``history``)."""
+    """Record the human label (one of the model's classes, else 422), or ``"not_a_digit": true``
+    (none of them: no class; trains as an outlier) → ``reviewed``; a reviewed item is relabelled
+    (its earlier labels stay in ``history``)."""
     who, via = _who(request, body.reviewer)
-    item = await asyncio.to_thread(
-        state.review_store().label, review_id, str(body.label), who, via=via
-    )
+    store = state.review_store()
+    if body.not_a_digit:
+        item = await asyncio.to_thread(store.mark_not_a_digit, review_id, who, via=via)
+    else:
+        item = await asyncio.to_thread(store.label, review_id, str(body.label), who, via=via)
     return _closed(state, item)
 
 
