@@ -1,7 +1,7 @@
 """End to end: a real Prometheus evaluates the committed alert rules against a live ``vge serve``.
 
-In-distribution digits keep the drift gauge low and the drift alert silent; inverted digits (an
-out-of-distribution shift) raise ``vge_uncertainty_drift`` above 0.25 and the ``VgeUncertaintyDrift``
+In-distribution digits keep the drift gauge low and the drift alert silent; digits turned a
+quarter (an out-of-distribution shift: a camera mounted sideways) raise ``vge_uncertainty_drift`` above 0.25 and the ``VgeUncertaintyDrift``
 alert becomes pending/firing. The rules are the committed ``deploy/prometheus/alerts.yml`` with
 only the alert's ``for:`` shortened to 1 s so the test is bounded in time.
 """
@@ -53,7 +53,7 @@ def _send(url: str, images: np.ndarray) -> None:
     with httpx.Client(base_url=url, timeout=60) as c:
         for start in range(0, len(images), 64):
             files = [
-                ("images", (f"{i}.png", encode_png(torch.from_numpy(im).unsqueeze(0)).numpy().tobytes()))
+                ("images", (f"{i}.png", encode_png(torch.from_numpy(np.ascontiguousarray(im)).unsqueeze(0)).numpy().tobytes()))
                 for i, im in enumerate(images[start : start + 64])
             ]  # fmt: skip
             assert c.post("/v1/predict", files=files).status_code == 200
@@ -93,9 +93,11 @@ def test_drift_alert_stays_silent_in_distribution_and_fires_on_shift(
     assert _drift(prometheus_with_rules) < 0.25
     assert _drift_alerts(prometheus_with_rules) == []
 
-    _send(vge_server, 255 - data[rng.choice(len(data), size=1280, replace=False)])  # inverted
+    # A shifted stream: digits turned a quarter (a camera mounted sideways). (Inverted digits were
+    # the shift before the server read pictures: it now reads dark-on-light digits as digits.)
+    _send(vge_server, np.rot90(data[rng.choice(len(data), size=1280, replace=False)], 1, (1, 2)))
     time.sleep(1.5)
-    _send(vge_server, 255 - digits[:64])
+    _send(vge_server, np.rot90(digits[:64], 1, (1, 2)))
     _eventually(lambda: _drift(prometheus_with_rules) > 0.25, 30, "the drift gauge to rise")
     _eventually(lambda: _drift_alerts(prometheus_with_rules) != [], 30, "the drift alert")
     alert = _drift_alerts(prometheus_with_rules)[0]
