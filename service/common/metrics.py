@@ -180,6 +180,16 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.fleet_converged = Gauge(
+            "vge_fleet_converged",
+            "In a fleet (VGE_DB_URL): 1 while this replica serves the fleet's model (the newest "
+            "entry of the shared model history), 0 while it serves another one because it "
+            "could not load the fleet's (missing on its volume, sha256 mismatch, out of "
+            "memory; see fleet in GET /v1/models). Absent without a fleet.",
+            ["replica"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         for score, what in (("vgmu", "VGMU"), ("eu", "epistemic uncertainty EU"),
                             ("tu", "total uncertainty TU")):  # fmt: skip
             setattr(self, f"prediction_{score}", Histogram(

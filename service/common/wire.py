@@ -155,9 +155,11 @@ class PromoteRefusal:
 
 @dataclass(frozen=True, slots=True)
 class HistoryEntries:
-    """The model history, newest first."""
+    """The model history, newest first; in a fleet, also which replica serves which model
+    (``replicas``; None for a replica on its own)."""
 
     entries: list[JSONObject]
+    replicas: list[JSONObject] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,18 +70,18 @@ class Engine:
     flight, one by default)."""
 
     def __init__(self, settings: Settings) -> None:
-        from service.common.db import Database
         from service.common.metrics import Metrics
         from service.engine.batcher import Batcher
         from service.engine.jobs import JobManager
-        from service.engine.model_manager import ModelHistory, ModelManager
+        from service.engine.model_manager import ModelManager
+        from service.engine.repository import open_model_repository
 
         self.settings = settings
         self.metrics = Metrics()
-        history = ModelHistory(
-            Database(settings.jobs_database_url), settings.resolved_replica_name()
-        )
-        self.models = ModelManager(settings, self.metrics, history)
+        # The served model's state, history and catalogue: this replica's own, or with
+        # VGE_DB_URL the fleet's (service.engine.repository).
+        self.repository = open_model_repository(settings)
+        self.models = ModelManager(settings, self.metrics, self.repository)
         self.batcher = Batcher(
             max_batch_size=settings.resolved_max_batch_size(),
             max_delay_s=settings.max_queue_delay_s,
@@ -151,7 +151,9 @@ class Engine:
             ready.set()
         memory = loop.create_task(self._watch_device_memory())
         housekeeping = loop.create_task(self._review_housekeeping())
+        fleet = loop.create_task(self._follow_fleet())
         await stop.wait()
+        fleet.cancel()
         self.batcher.hurry()  # the front ends drain: compute what they send without batch waits
 
         # A SIGTERM sent to the whole process group (e.g. coreutils `timeout`) reaches the engine
@@ -166,6 +168,7 @@ class Engine:
         server.close()
         await self.batcher.drain(self.settings.shutdown_grace_s)
         await asyncio.to_thread(self.jobs.shutdown)
+        await asyncio.to_thread(self.repository.close)
         for outbox in list(self._clients):
             outbox.close()
 
@@ -204,6 +207,34 @@ class Engine:
                 log.exception("review housekeeping failed; retrying")
             self.metrics.review_store_up.labels(backend=store.backend).set(1 if store.up else 0)
             await asyncio.sleep(WATCH_INTERVAL_S)
+
+    async def _follow_fleet(self) -> None:
+        """A fleet replica (``VGE_DB_URL``): serve what the fleet serves. Woken by PostgreSQL
+        ``NOTIFY`` when any replica records a model (and after the LISTEN connection
+        (re)connects), and every ``FLEET_POLL_S`` seconds regardless (the fallback); each time
+        :meth:`ModelManager.follow_fleet` loads the fleet's model if this replica does not serve
+        it, and the front ends learn what changed. Nothing for a replica on its own."""
+        from service.engine.repository import FLEET_POLL_S
+
+        if self.models.fleet is None:
+            return
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        self.repository.listen(lambda: loop.call_soon_threadsafe(wake.set))
+        await self.models.report_fleet()
+        failing = False
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), FLEET_POLL_S)
+            wake.clear()
+            try:
+                if await self.models.follow_fleet():
+                    self._broadcast_model()
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - a database outage must not stop the engine
+                if not failing:
+                    log.warning("fleet: reading the fleet's model failed (%s); retrying", exc)
+                failing = True
 
     async def _watch_device_memory(self) -> None:
         while True:
@@ -399,7 +430,10 @@ class Engine:
             case ListModelHistory(limit=limit):
                 assert self.models.history is not None
                 entries = await asyncio.to_thread(self.models.history.entries, limit)
-                return HistoryEntries(_json_list(entries))
+                replicas = await asyncio.to_thread(self.models.history.replicas)
+                return HistoryEntries(
+                    _json_list(entries), None if replicas is None else _json_list(replicas)
+                )
             case SubmitJob(config=config):  # without an architecture: retrain the served model
                 served = self.models.current
                 job = await asyncio.to_thread(

@@ -35,13 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
-import re
 import time
-import uuid
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,22 +45,32 @@ import numpy as np
 import torch
 
 from models.checkpoint import (
-    MODEL_NAME_PATTERN,
     WEIGHTS_FILE,
     CheckpointError,
     ModelCard,
     file_sha256,
 )
-from service.common.db import Database
-from service.common.errors import Conflict, InvalidValue, NotFound, NotReady
+from service.common.errors import Conflict, InvalidValue, NotReady
 from service.common.metrics import Metrics
 from service.common.model_info import ModelInfo
 from service.common.settings import Settings
 from service.engine.predictor import ServedPredictor
+from service.engine.repository import (
+    CONFIGURED_DEFAULT,
+    FLEET_RETRY_S,
+    LocalModelRepository,
+    ModelRepository,
+    configured_model,
+    describe_configured,
+    resolve_model_dir,
+)
+from service.engine.repository import iso as _iso
+
+#: Before the seam (service.engine.repository) the history was this class; same behaviour.
+ModelHistory = LocalModelRepository
+__all__ = ["CONFIGURED_DEFAULT", "ModelHistory", "configured_model", "resolve_model_dir"]
 
 log = logging.getLogger("vge.models")
-
-_NAME_RE = re.compile(MODEL_NAME_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -74,14 +80,6 @@ class LoadedModel:
     predictor: ServedPredictor
     model_dir: Path
     info: ModelInfo
-
-
-def resolve_model_dir(model_dir: Path | None) -> Path:
-    """``model_dir`` as given; a bare name of a shipped model when no such directory exists; the
-    shipped default when unset (:func:`models.zoo.resolve_model_dir`)."""
-    from models.zoo import resolve_model_dir as zoo_resolve
-
-    return zoo_resolve(model_dir)
 
 
 def _describe(predictor: ServedPredictor, generation: int, device: str) -> ModelInfo:
@@ -170,165 +168,6 @@ def _load_sync(
             f"{model_dir}: {step} failed: {type(exc).__name__}: {problem}"
         ) from exc
     return LoadedModel(predictor, Path(model_dir), info)
-
-
-_HISTORY_SCHEMA = """
-CREATE TABLE IF NOT EXISTS model_history (
-    id TEXT PRIMARY KEY,
-    at DOUBLE PRECISION NOT NULL,
-    replica TEXT NOT NULL,
-    action TEXT NOT NULL,
-    model TEXT NOT NULL,
-    version TEXT NOT NULL,
-    model_dir TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS model_history_replica_at ON model_history (replica, at);
-CREATE TABLE IF NOT EXISTS model_start_config (
-    replica TEXT PRIMARY KEY,
-    configured TEXT NOT NULL,
-    at DOUBLE PRECISION NOT NULL
-)
-"""
-
-#: :meth:`ModelHistory.configured` of a start that names no model (the shipped default).
-CONFIGURED_DEFAULT = ""
-
-
-def configured_model(model_dir: Path | None) -> str:
-    """How a start's configured model is recorded and compared: ``--model-dir`` /
-    ``VGE_MODEL_DIR`` resolved to an absolute directory (a shipped model's name to its
-    directory), or :data:`CONFIGURED_DEFAULT` when none is given. "None" is its own
-    configuration: it follows the shipped default wherever the package is installed."""
-    if model_dir is None or str(model_dir) == "":
-        return CONFIGURED_DEFAULT
-    return str(resolve_model_dir(model_dir).resolve())
-
-
-def describe_configured(configured: str | None) -> str:
-    """A recorded configuration as a person reads it in the log and the history's notes."""
-    if configured is None:
-        return "not recorded"
-    return "none (the shipped default)" if configured == CONFIGURED_DEFAULT else configured
-
-
-#: Columns added after the table was first created; older databases get them at start
-#: (:meth:`Database.add_column`). ``comparison`` holds the promote gate's comparison as JSON text.
-_HISTORY_COLUMNS = (("weights_sha256", "TEXT"), ("comparison", "TEXT"), ("note", "TEXT"))
-
-
-def _iso(at: float) -> str:
-    """An epoch time as ISO 8601 UTC (seconds), as ``/v1/models`` shows times."""
-    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
-
-
-class ModelHistory:
-    """Every model this replica chose to serve, in order (start, promote, promote_job, reload,
-    rollback), durably, with the weights' sha256 and the promote gate's comparison.
-
-    The newest entry is the model the engine restores at its next start. The shipped models,
-    models under models_root and job models alike: rolling back needs only the directory, so any
-    earlier entry can be served again (while its directory holds the recorded weights). An engine
-    restart that restores the newest entry adds no entry (it changes nothing), so "roll back"
-    without a target still means "the model before the latest change".
-    """
-
-    def __init__(self, db: Database, replica: str) -> None:
-        self.db = db
-        self.replica = replica
-        db.script(_HISTORY_SCHEMA)
-        for column, decl in _HISTORY_COLUMNS:
-            db.add_column("model_history", column, decl)
-
-    def record(
-        self,
-        action: str,
-        info: ModelInfo,
-        model_dir: Path,
-        *,
-        weights_sha256: str = "",
-        comparison: dict[str, Any] | None = None,
-        note: str | None = None,
-    ) -> dict[str, Any]:
-        """Insert one entry (before the model is swapped in: what is served is always recorded);
-        returns it as :meth:`entries` shows it."""
-        row = {
-            "id": uuid.uuid4().hex[:16],
-            "at": time.time(),
-            "replica": self.replica,
-            "action": action,
-            "model": info.name,
-            "version": info.version,
-            "model_dir": str(Path(model_dir).resolve()),
-            "weights_sha256": weights_sha256 or None,
-            "comparison": None if comparison is None else json.dumps(comparison),
-            "note": note,
-        }
-        self.db.execute(
-            f"INSERT INTO model_history ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-            tuple(row.values()),
-        )
-        return self._decoded(row)
-
-    @staticmethod
-    def _decoded(row: dict[str, Any]) -> dict[str, Any]:
-        """A row with its comparison parsed from JSON."""
-        out = dict(row)
-        raw = out.get("comparison")
-        out["comparison"] = json.loads(raw) if isinstance(raw, str) and raw else None
-        return out
-
-    def entries(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Newest first."""
-        rows = self.db.fetchall(
-            "SELECT * FROM model_history WHERE replica = ? ORDER BY at DESC, id DESC LIMIT ?",
-            (self.replica, limit),
-        )
-        return [self._decoded(r) for r in rows]
-
-    def latest(self) -> dict[str, Any] | None:
-        """The newest entry: the model this replica should be serving (None: never served)."""
-        rows = self.entries(1)
-        return rows[0] if rows else None
-
-    def configured(self) -> str | None:
-        """The configured model of this replica's previous start (:func:`configured_model`), or
-        None when no start recorded one (a database from before configurations were kept)."""
-        row = self.db.fetchone(
-            "SELECT configured FROM model_start_config WHERE replica = ?", (self.replica,)
-        )
-        return None if row is None else str(row["configured"])
-
-    def set_configured(self, configured: str) -> None:
-        """Record the configured model of this start (one row per replica: the latest)."""
-        self.db.execute(
-            "INSERT INTO model_start_config (replica, configured, at) VALUES (?, ?, ?) "
-            "ON CONFLICT (replica) DO UPDATE SET configured = excluded.configured, "
-            "at = excluded.at",
-            (self.replica, configured, time.time()),
-        )
-
-    def latest_start(self) -> dict[str, Any] | None:
-        """The newest ``start`` entry: the configured model of the last start that recorded one."""
-        row = self.db.fetchone(
-            "SELECT * FROM model_history WHERE replica = ? AND action = 'start' "
-            "ORDER BY at DESC, id DESC LIMIT 1",
-            (self.replica,),
-        )
-        return self._decoded(row) if row is not None else None
-
-    def target(self, entry_id: str | None) -> dict[str, Any]:
-        """The entry to roll back to: ``entry_id``, else the one before the latest (undo)."""
-        if entry_id is not None:
-            row = self.db.fetchone(
-                "SELECT * FROM model_history WHERE id = ? AND replica = ?", (entry_id, self.replica)
-            )
-            if row is None:
-                raise NotFound(f"no model history entry {entry_id!r} on this replica")
-            return self._decoded(row)
-        entries = self.entries(2)
-        if len(entries) < 2:
-            raise Conflict("nothing to roll back to: this replica has served only one model")
-        return entries[1]
 
 
 def check_recorded_weights(entry: dict[str, Any]) -> None:
@@ -494,11 +333,22 @@ class ModelManager:
     """Holds the served model (and the previous generation); records, gates and swaps."""
 
     def __init__(
-        self, settings: Settings, metrics: Metrics, history: ModelHistory | None = None
+        self, settings: Settings, metrics: Metrics, history: ModelRepository | None = None
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        #: where the served-model state, its history and the catalogue live (None: nowhere, a
+        #: library user's engine); :attr:`ModelRepository.fleet`: every replica serves its latest
         self.history = history
+        #: a fleet replica's state (None: not in a fleet): whether it serves the fleet's model
+        #: (``converged``), the fleet's entry, and why not (``error``); in ``/v1/models``
+        self.fleet: dict[str, Any] | None = None
+        if history is not None and history.fleet:
+            self.fleet = {"replica": history.replica, "converged": False,
+                          "fleet_model": None, "error": None}  # fmt: skip
+        #: the fleet entry that failed to load here, and when (retried after FLEET_RETRY_S)
+        self._fleet_failed: tuple[str, float] | None = None
+        self._fleet_reported = 0.0
         self._current: LoadedModel | None = None
         self._previous: LoadedModel | None = None
         self._generation = 0
@@ -549,7 +399,10 @@ class ModelManager:
     def _swap(self, loaded: LoadedModel, served: dict[str, Any]) -> LoadedModel:
         """Serve ``loaded`` (one reference swap); ``served`` says since when and why, and goes
         into the description ``/v1/models`` shows."""
-        info = replace(loaded.info, description={**loaded.info.description, **served})
+        description = {**loaded.info.description, **served}
+        if self.fleet is not None:
+            description["fleet"] = dict(self.fleet)
+        info = replace(loaded.info, description=description)
         loaded = replace(loaded, info=info)
         self._generation = info.generation
         self._previous, self._current = self._current, loaded
@@ -601,6 +454,7 @@ class ModelManager:
                 log.warning("model restore failure resolved: %s now records what is served", action)
                 self.restore_failed = None
             self.metrics.model_restore_failed.set(0)
+            self._fleet_set(entry, None)
             return self._swap(loaded, self._served(entry, action, gate=comparison))
 
     async def load_initial(self, first_start: bool = True) -> LoadedModel:
@@ -611,7 +465,8 @@ class ModelManager:
 
         So at the first engine start of a ``vge serve`` run (``first_start``) the configured
         model (:func:`configured_model`) is compared with the one the previous start recorded
-        (:meth:`ModelHistory.configured`): the same, and the newest history entry is restored
+        (:meth:`ModelRepository.previous_configuration`): the same, and the newest history
+        entry is restored
         (after checking its weights' sha256 and loading it whole); another, and the configured
         model is served and recorded as a ``start`` whose note names both. The engine's restarts
         within a run always restore. An empty history serves the configured model;
@@ -630,7 +485,7 @@ class ModelManager:
         if self.history is not None:
             latest = await asyncio.to_thread(self.history.latest)
             if first_start:
-                previous = await asyncio.to_thread(self.history.configured)
+                previous = await asyncio.to_thread(self.history.previous_configuration, configured)
         self.metrics.model_restore_failed.set(0)
         if latest is None:
             loaded = await self.load(start_dir, "start")
@@ -659,6 +514,7 @@ class ModelManager:
         log.info("restored %s (weights sha256 verified)", recorded)
         restored_from = {"history_id": latest["id"], "action": latest["action"],
                          "at": _iso(latest["at"])}  # fmt: skip
+        self._fleet_set(latest, None)
         return self._swap(loaded, self._served(latest, "restored", restored_from=restored_from))
 
     async def _new_configuration(
@@ -715,6 +571,8 @@ class ModelManager:
             "loaded: %s. Serving the start model from %s instead (vge_model_restore_failed 1). "
             "To fix: %s", recorded, problem, start_dir, fix,
         )  # fmt: skip
+        self._fleet_set(latest, f"cannot load the fleet's model: {problem}")
+        self._fleet_failed = (latest["id"], time.monotonic())
         self.restore_failed = {
             "model": latest["model"],
             "version": latest["version"],
@@ -740,6 +598,131 @@ class ModelManager:
             self.restore_failed["start_model_error"] = start_problem
             loaded = await self._load(default)
         return self._swap(loaded, self._served(None, "start", restore_failed=self.restore_failed))
+
+    # ------------------------------------------------------------------ the fleet
+    def _fleet_set(self, entry: dict[str, Any] | None, error: str | None) -> None:
+        """A fleet replica's state: ``entry`` is the fleet's model; ``error`` None means this
+        replica serves it (``vge_fleet_converged`` 1), else why it does not (0). Shown in
+        ``/v1/models`` from the next swap or :meth:`_refresh_fleet`."""
+        if self.fleet is None:
+            return
+        fleet_model = None
+        if entry is not None:
+            fleet_model = {k: entry.get(k) for k in ("id", "action", "replica", "model", "version",
+                                                     "model_dir", "weights_sha256")}  # fmt: skip
+            fleet_model["at"] = _iso(entry["at"])
+        converged = entry is not None and error is None
+        self.fleet = {"replica": self.fleet["replica"], "converged": converged,
+                      "fleet_model": fleet_model, "error": error}  # fmt: skip
+        self.metrics.fleet_converged.labels(replica=self.fleet["replica"]).set(int(converged))
+        if converged:
+            self._fleet_failed = None
+
+    def _refresh_fleet(self, **served: Any) -> None:
+        """Show the fleet state (and ``served`` fields) in the served model's description
+        without a swap (same predictor, same generation)."""
+        current = self._current
+        if current is None or self.fleet is None:
+            return
+        description = {**current.info.description, **served, "fleet": dict(self.fleet)}
+        self._current = replace(current, info=replace(current.info, description=description))
+
+    async def follow_fleet(self) -> bool:
+        """A fleet replica: serve the fleet's model (the repository's newest entry) when this
+        replica does not. The same weights already served (replicas that started together each
+        recorded them) are adopted as they are; others are loaded the way every model is
+        (:func:`check_recorded_weights`: the sha256 recorded when it was served; then
+        :meth:`_load`: card, weights, monitor, warm-up) and only then swapped in, so in-flight
+        requests finish on the old model. A model that cannot be loaded here (missing on this
+        replica's volume, sha256 mismatch, out of memory) leaves the served one untouched,
+        said in ``/v1/models`` (``fleet.error``), ``vge_fleet_converged`` 0 and an ERROR line,
+        and is tried again after :data:`FLEET_RETRY_S`. Returns whether what the front ends
+        show changed (the engine then tells them)."""
+        repo = self.history
+        if self.fleet is None or repo is None:
+            return False
+        latest = await asyncio.to_thread(repo.latest)
+        if latest is None:
+            return False
+        changed = False
+        async with self._lock:
+            current = self._current
+            if current is None:
+                return False
+            before = dict(self.fleet)
+            card = current.predictor.card
+            recorded = latest.get("weights_sha256") or card.weights_sha256
+            if current.info.description.get("history_id") == latest["id"]:
+                self._fleet_set(latest, None)
+            elif str(current.model_dir.resolve()) == latest["model_dir"] and (
+                card.weights_sha256 == recorded
+            ):
+                self._fleet_set(latest, None)
+                self._refresh_fleet(history_id=latest["id"])
+                changed = True
+            else:
+                failed = self._fleet_failed
+                if (
+                    failed is not None
+                    and failed[0] == latest["id"]
+                    and (time.monotonic() - failed[1] < FLEET_RETRY_S)
+                ):
+                    return False
+                self.metrics.fleet_converged.labels(replica=self.fleet["replica"]).set(0)
+                try:
+                    await asyncio.to_thread(check_recorded_weights, latest)
+                    loaded = await self._load(Path(latest["model_dir"]))
+                except Exception as exc:  # noqa: BLE001 - any failure: keep serving, say why
+                    problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    if failed is None or failed[0] != latest["id"]:
+                        log.error(
+                            "fleet: cannot serve the fleet's model %s %s from %s (%s by %s at "
+                            "%s): %s. Still serving %s %s (vge_fleet_converged 0); retrying "
+                            "every %g s", latest["model"], latest["version"],
+                            latest["model_dir"], latest["action"], latest["replica"],
+                            _iso(latest["at"]), problem, current.info.name,
+                            current.info.version, FLEET_RETRY_S,
+                        )  # fmt: skip
+                    self._fleet_failed = (latest["id"], time.monotonic())
+                    self._fleet_set(latest, f"cannot load the fleet's model: {problem}")
+                else:
+                    if self.restore_failed is not None:
+                        self.restore_failed = None
+                        self.metrics.model_restore_failed.set(0)
+                    self._fleet_set(latest, None)
+                    self._swap(loaded, self._served(latest, "fleet"))
+                    changed = True
+            self._refresh_fleet()
+            changed = changed or self.fleet != before
+        await self.report_fleet(force=changed)
+        return changed
+
+    async def report_fleet(self, force: bool = True) -> None:
+        """Tell the fleet what this replica serves (:meth:`ModelRepository.report`): now when
+        ``force``, else at most every 10 s (a heartbeat). A database outage is not an error
+        here: the next report says it."""
+        repo, current = self.history, self._current
+        if self.fleet is None or repo is None or current is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._fleet_reported < 10.0:
+            return
+        fleet_model = self.fleet.get("fleet_model") or {}
+        state = {
+            "converged": self.fleet["converged"],
+            "history_id": current.info.description.get("history_id"),
+            "model": current.info.name,
+            "version": current.info.version,
+            "model_dir": str(current.model_dir.resolve()),
+            "weights_sha256": current.predictor.card.weights_sha256,
+            "fleet_history_id": fleet_model.get("id"),
+            "error": self.fleet["error"],
+        }
+        try:
+            await asyncio.to_thread(repo.report, state)
+            self._fleet_reported = now
+        except Exception as exc:  # noqa: BLE001 - reported again at the next heartbeat
+            log.debug("fleet: report failed: %s", exc)
 
     # ------------------------------------------------------------------ the promote gate
     async def _evaluation(self, predictor: ServedPredictor) -> dict[str, Any]:
@@ -807,25 +790,11 @@ class ModelManager:
         return await self.load_checked(self._current.model_dir, "reload")
 
     def resolve(self, name: str) -> Path:
-        """A model directory under ``models_root`` by name (no paths, no traversal)."""
-        if not _NAME_RE.match(name):
-            raise InvalidValue(
-                f"model name {name!r} is invalid: use the directory name under models_root "
-                "(letters, digits, '.', '_', '-')"
-            )
-        root = self.settings.models_root.resolve()
-        path = (root / name).resolve()
-        if path.parent == root and path.is_dir():
-            return path
-        from models.zoo import zoo_model_dir, zoo_models
+        """A model directory under ``models_root`` by name, or a shipped model's
+        (:func:`service.engine.repository.resolve_by_name`: no paths, no traversal)."""
+        from service.engine.repository import resolve_by_name
 
-        shipped = zoo_model_dir(name)
-        if shipped is not None:  # the shipped models can always be promoted back (by name)
-            return shipped
-        raise NotFound(
-            f"no model {name!r} under models_root ({root}) or among the shipped models "
-            f"({', '.join(zoo_models())})"
-        )
+        return resolve_by_name(self.settings, name)
 
     async def promote(self, name: str, force: bool = False) -> LoadedModel:
         """Load ``models_root/name`` (or a shipped model), pass the gate, serve it."""

@@ -216,7 +216,7 @@ def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict
     to show. Loadable entries are named as promote takes them (the directory name); their
     ``version`` is their card's, read once per card file change (:func:`_card_version`).
     ``ready_only``: the served model alone (Triton's ``ready`` flag)."""
-    from models.zoo import zoo_dir, zoo_models
+    from service.engine.repository import loadable_models
     from service.frontend.routes.health import is_ready
 
     out: list[dict[str, str]] = []
@@ -227,14 +227,8 @@ def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict
                     "state": "READY" if ready else "UNAVAILABLE", "reason": "" if ready else str(why)})  # fmt: skip
     if ready_only:
         return [m for m in out if m["state"] == "READY"]
-    loadable: dict[str, Path] = {}
-    root = state.settings.models_root
-    for name in state.settings.repository_index_names():
-        card = root / name / "model_card.json"
-        if card.is_file() and not (root / name).is_symlink():
-            loadable[name] = root / name
-    for name in zoo_models():
-        loadable.setdefault(name, zoo_dir() / name)
+    # Which models exist is the engine's repository's to say (service.engine.repository).
+    loadable = loadable_models(state.settings)
     served = (model.name, model.version) if model is not None else None
     for name, d in loadable.items():
         version = _card_version(d / "model_card.json")

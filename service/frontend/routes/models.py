@@ -128,8 +128,16 @@ async def model_history(
 ) -> dict[str, Any]:
     """Every model this replica chose to serve (start, promote, promote_job, reload, rollback),
     newest first, with the weights' sha256, the promote gate's ``comparison`` and a ``note``.
-    The newest entry is what the engine restores after a restart."""
-    return {"history": (await state.engine.call(ListModelHistory(limit))).entries}
+    The newest entry is what the engine restores after a restart.
+
+    In a fleet (``VGE_DB_URL``) the history is the fleet's: every replica's actions (``replica``
+    names who acted), the newest being what every replica serves; ``replicas`` says which
+    replica serves which model, whether that is the fleet's (``converged``) and why not
+    (``error``), and when it last reported (``seen_at``, ``live``)."""
+    answer = await state.engine.call(ListModelHistory(limit))
+    if answer.replicas is None:
+        return {"history": answer.entries}
+    return {"history": answer.entries, "replicas": answer.replicas}
 
 
 @router.post("/rollback")
