@@ -367,3 +367,37 @@ def test_the_review_queue_never_hands_one_item_to_two_replicas(
     for t in threads:
         t.join(60)
     assert len(handed) == len(set(handed)) >= 16
+
+
+def test_replicas_whose_database_connections_drop_reconnect_and_follow(fleet: Fleet) -> None:
+    """PostgreSQL ends every connection of the fleet (as a database restart or failover does):
+    each replica reconnects (its LISTEN connection within a second, its queries on their next
+    use) and serves what is promoted next, within the same bound. Last in this file: the review
+    store backs off after an outage (service.common.reviews), which the test above would see."""
+    import psycopg
+
+    with psycopg.connect(fleet.db_url, autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()) AS t"
+        ).fetchone()
+    assert ended is not None and ended[0] >= 3  # at least each replica's LISTEN connection
+    r1 = fleet.replicas[0]
+    version = _served(r1)["version"]
+    target, want = ("tiny-v2", "2.0.0") if version != "2.0.0" else ("tiny", "1.0.0")
+    copy = fleet.models_root / "tiny"
+    if not copy.exists():
+        copy_model(fleet.start_model, copy, "1.0.0")
+    for _ in range(3):  # a connection the server ended answers 503 once, then reconnects
+        r = httpx.post(
+            r1.url + "/v1/models/promote", json={"model": target}, headers=H, timeout=120
+        )
+        if r.status_code != 503:
+            break
+        time.sleep(0.5)
+    assert r.status_code == 200, r.text
+    took = _until_all_serve(fleet, want, time.monotonic())
+    print(
+        f"after PostgreSQL ended every connection: served {', '.join(f'{t:.2f}' for t in took)} s"
+    )
+    assert max(took) <= CONVERGE_S
