@@ -791,7 +791,7 @@ class ModelManager:
 
     def resolve(self, name: str) -> Path:
         """A model directory under ``models_root`` by name, or a shipped model's
-        (:func:`service.engine.repository.resolve_by_name`: no paths, no traversal)."""
+        (:func:`service.common.catalogue.resolve_by_name`: no paths, no traversal)."""
         from service.engine.repository import resolve_by_name
 
         return resolve_by_name(self.settings, name)

@@ -216,7 +216,7 @@ def repository_index(state: ServiceState, ready_only: bool = False) -> list[dict
     to show. Loadable entries are named as promote takes them (the directory name); their
     ``version`` is their card's, read once per card file change (:func:`_card_version`).
     ``ready_only``: the served model alone (Triton's ``ready`` flag)."""
-    from service.engine.repository import loadable_models
+    from service.common.catalogue import loadable_models
     from service.frontend.routes.health import is_ready
 
     out: list[dict[str, str]] = []

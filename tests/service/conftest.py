@@ -46,6 +46,11 @@ class Server:
     log_path: Path
 
     def client(self, **kw: object) -> httpx.Client:
+        """A client whose idle connections expire in 2 s, before the server's keep-alive (5 s)
+        closes them: a POST sent on a connection the server is closing at that moment is not
+        retried by httpx ("Server disconnected without sending a response", seen once when a
+        slow step left a client idle past the server's keep-alive)."""
+        kw.setdefault("limits", httpx.Limits(keepalive_expiry=2.0))
         return httpx.Client(base_url=self.url, timeout=30, **kw)  # type: ignore[arg-type]
 
     def log(self) -> str:
