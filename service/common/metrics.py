@@ -251,7 +251,8 @@ class Metrics:
         )
         self.reviews = Counter(
             "vge_reviews",
-            "Items reviewed by a human, by whether the label agrees with the model, or skipped.",
+            "Items reviewed by a human, by outcome: the label agrees with the model, disagrees, "
+            "the reviewer answered not_a_digit (not a class), or skipped.",
             ["model", "outcome"],
             registry=r,
         )
