@@ -25,17 +25,11 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote
 
-from service.common.errors import NotReady
+from service.common.errors import DatabaseUnavailable
 
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 _SCHEMA_LOCK = 0x76676573  # "vges": the advisory lock key of schema creation
-
-
-class DatabaseUnavailable(NotReady):
-    """The database cannot be reached or is locked too long (503 with Retry-After)."""
-
-    code = "database_unavailable"
 
 
 #: A query parameter whose value is a secret (libpq's ``password``, ``sslpassword``; any name

@@ -4,6 +4,36 @@ Routes raise :class:`ServiceError` subclasses (the engine too: they cross the wi
 :class:`service.common.wire.ErrorCode`); the handlers registered by
 :func:`service.frontend.error_handlers.install_error_handlers` turn them (and FastAPI's validation errors) into JSON responses and
 count rejections by reason. Only a genuine server fault is a 500.
+
+**One error table.** Each class carries its row as class attributes: ``code`` (the wire and JSON
+code), ``status_code`` (HTTP), ``grpc_status`` (the name of a ``grpc.StatusCode`` member: this
+module does not import grpc) and ``reason`` (the ``vge_rejections_total`` label). The HTTP
+handlers, the gRPC front end (:func:`service.frontend.grpc_v2.abort`), the engine
+(``Engine._error``) and :class:`service.common.wire.ErrorCode` all read these attributes, by
+``isinstance``: a subclass defined elsewhere (``PromoteRefused``, ``RepositoryControlRefused``)
+answers its base's row unless it overrides an attribute. :data:`WIRE_ERRORS` lists the classes
+that cross the engine–front end wire, one per code.
+
+=================== ==================== ==== ===================
+class               code                 HTTP gRPC
+=================== ==================== ==== ===================
+BadInput            bad_input            400  INVALID_ARGUMENT
+InvalidValue        invalid_value        422  INVALID_ARGUMENT
+PayloadTooLarge     payload_too_large    413  RESOURCE_EXHAUSTED
+NotFound            not_found            404  NOT_FOUND
+Conflict            conflict             409  FAILED_PRECONDITION
+Unauthorized        unauthorized         401  UNAUTHENTICATED
+Forbidden           forbidden            403  PERMISSION_DENIED
+QueueFull           queue_full           503  UNAVAILABLE
+DeadlineExceeded    deadline_exceeded    504  DEADLINE_EXCEEDED
+NotReady            not_ready            503  UNAVAILABLE
+DatabaseUnavailable database_unavailable 503  UNAVAILABLE
+=================== ==================== ==== ===================
+
+A 409 is ``FAILED_PRECONDITION``, not ``ABORTED``: every conflict here is with the resource's
+state (cancelling a finished job, a promote the gate refuses), which retrying does not change
+until the state does; ``ABORTED`` is gRPC's code for a concurrency conflict that a retry of the
+whole transaction may resolve, and nothing here raises one.
 """
 
 from __future__ import annotations
@@ -25,6 +55,8 @@ class ServiceError(Exception):
 
     status_code: int = 400
     code: str = "bad_input"
+    #: the ``grpc.StatusCode`` member name this error answers over gRPC
+    grpc_status: str = "INVALID_ARGUMENT"
     #: the ``vge_rejections_total`` reason, or None when this error is not counted as a rejection
     reason: str | None = "bad_input"
 
@@ -50,6 +82,7 @@ class PayloadTooLarge(ServiceError):
 
     status_code = 413
     code = "payload_too_large"
+    grpc_status = "RESOURCE_EXHAUSTED"
     reason = "payload_too_large"
 
 
@@ -58,6 +91,7 @@ class NotFound(ServiceError):
 
     status_code = 404
     code = "not_found"
+    grpc_status = "NOT_FOUND"
     reason = None
 
 
@@ -66,6 +100,7 @@ class Conflict(ServiceError):
 
     status_code = 409
     code = "conflict"
+    grpc_status = "FAILED_PRECONDITION"
     reason = None
 
 
@@ -74,6 +109,7 @@ class Unauthorized(ServiceError):
 
     status_code = 401
     code = "unauthorized"
+    grpc_status = "UNAUTHENTICATED"
     reason = "unauthorized"
 
 
@@ -82,6 +118,7 @@ class Forbidden(ServiceError):
 
     status_code = 403
     code = "forbidden"
+    grpc_status = "PERMISSION_DENIED"
     reason = "unauthorized"
 
 
@@ -90,6 +127,7 @@ class QueueFull(ServiceError):
 
     status_code = 503
     code = "queue_full"
+    grpc_status = "UNAVAILABLE"
     reason = "queue_full"
 
 
@@ -98,6 +136,7 @@ class DeadlineExceeded(ServiceError):
 
     status_code = 504
     code = "deadline_exceeded"
+    grpc_status = "DEADLINE_EXCEEDED"
     reason = "deadline"
 
 
@@ -106,7 +145,32 @@ class NotReady(ServiceError):
 
     status_code = 503
     code = "not_ready"
+    grpc_status = "UNAVAILABLE"
     reason = None
+
+
+class DatabaseUnavailable(NotReady):
+    """The database cannot be reached or is locked too long (503 with Retry-After)."""
+
+    code = "database_unavailable"
+
+
+#: The classes that cross the engine–front end wire, one per ``code``
+#: (:class:`service.common.wire.ErrorCode` is derived from them); a subclass not listed crosses
+#: as the nearest one it derives from.
+WIRE_ERRORS: tuple[type[ServiceError], ...] = (
+    BadInput,
+    InvalidValue,
+    PayloadTooLarge,
+    NotFound,
+    Conflict,
+    Unauthorized,
+    Forbidden,
+    QueueFull,
+    DeadlineExceeded,
+    NotReady,
+    DatabaseUnavailable,
+)
 
 
 def error_body(message: str, code: str, **extra: Any) -> dict[str, Any]:

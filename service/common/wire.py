@@ -48,7 +48,6 @@ from typing import ClassVar, Generic, TypeAlias, TypeVar, cast
 
 from models.serving import ScoreOptions
 from service.common import errors
-from service.common.db import DatabaseUnavailable
 from service.common.model_info import ModelInfo
 
 #: A JSON value: job configurations, job records, model descriptions and history entries are
@@ -283,6 +282,9 @@ class ErrorCode(enum.Enum):
     """What went wrong, as it crosses the wire: the ``code`` of each
     :class:`~service.common.errors.ServiceError` class, and ``internal`` for a server fault.
 
+    Derived from :data:`service.common.errors.WIRE_ERRORS`: each member's value is its class's
+    ``code`` attribute, not a restated string, and every listed class must have its member (the
+    table below is built at import and fails there otherwise; a test checks the converse).
     Mapped both ways to the error classes (:func:`error_code`, :meth:`error_class`), not looked
     up by class name: an error class's name can change without breaking the wire, and an engine
     newer than its front end that sends a code this one does not know is an internal error
@@ -290,17 +292,19 @@ class ErrorCode(enum.Enum):
     unpickled, and the connection is dropped and made again (the engine client reconnects).
     """
 
-    BAD_INPUT = "bad_input"
-    INVALID_VALUE = "invalid_value"
-    PAYLOAD_TOO_LARGE = "payload_too_large"
-    NOT_FOUND = "not_found"
-    CONFLICT = "conflict"
-    UNAUTHORIZED = "unauthorized"
-    FORBIDDEN = "forbidden"
-    QUEUE_FULL = "queue_full"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    NOT_READY = "not_ready"
-    DATABASE_UNAVAILABLE = "database_unavailable"
+    BAD_INPUT = errors.BadInput.code
+    INVALID_VALUE = errors.InvalidValue.code
+    PAYLOAD_TOO_LARGE = errors.PayloadTooLarge.code
+    NOT_FOUND = errors.NotFound.code
+    CONFLICT = errors.Conflict.code
+    UNAUTHORIZED = errors.Unauthorized.code
+    FORBIDDEN = errors.Forbidden.code
+    QUEUE_FULL = errors.QueueFull.code
+    DEADLINE_EXCEEDED = errors.DeadlineExceeded.code
+    NOT_READY = errors.NotReady.code
+    # A subclass with a code of its own: the engine's job store or model history out of reach is
+    # the same 503 "database_unavailable" as the front end's review store.
+    DATABASE_UNAVAILABLE = errors.DatabaseUnavailable.code
     INTERNAL = "internal"
 
     @classmethod
@@ -316,20 +320,10 @@ class ErrorCode(enum.Enum):
         return _ERROR_CLASSES.get(self)
 
 
+#: code -> class, from the classes' own ``code`` (ValueError at import for a class whose code
+#: has no member above).
 _ERROR_CLASSES: dict[ErrorCode, type[errors.ServiceError]] = {
-    ErrorCode.BAD_INPUT: errors.BadInput,
-    ErrorCode.INVALID_VALUE: errors.InvalidValue,
-    ErrorCode.PAYLOAD_TOO_LARGE: errors.PayloadTooLarge,
-    ErrorCode.NOT_FOUND: errors.NotFound,
-    ErrorCode.CONFLICT: errors.Conflict,
-    ErrorCode.UNAUTHORIZED: errors.Unauthorized,
-    ErrorCode.FORBIDDEN: errors.Forbidden,
-    ErrorCode.QUEUE_FULL: errors.QueueFull,
-    ErrorCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
-    ErrorCode.NOT_READY: errors.NotReady,
-    # A subclass with a code of its own: the engine's job store or model history out of reach is
-    # the same 503 "database_unavailable" as the front end's review store.
-    ErrorCode.DATABASE_UNAVAILABLE: DatabaseUnavailable,
+    ErrorCode(cls.code): cls for cls in errors.WIRE_ERRORS
 }
 _ERROR_CODES: dict[type[errors.ServiceError], ErrorCode] = {
     cls: code for code, cls in _ERROR_CLASSES.items()
@@ -339,7 +333,7 @@ _ERROR_CODES: dict[type[errors.ServiceError], ErrorCode] = {
 def error_code(exc: BaseException) -> ErrorCode:
     """The code ``exc`` crosses the wire as: its class's, or that of the nearest
     :mod:`service.common.errors` class it derives from (an engine-side subclass such as
-    ``PromoteRefused`` or ``DatabaseUnavailable`` arrives as its base); a ``ValueError`` is
+    ``PromoteRefused`` arrives as its base, ``Conflict``); a ``ValueError`` is
     :attr:`ErrorCode.INVALID_VALUE` (a client's mistake caught by a check), anything else
     :attr:`ErrorCode.INTERNAL`."""
     if isinstance(exc, errors.ServiceError):

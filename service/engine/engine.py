@@ -32,6 +32,7 @@ from service.common.wire import (
     Answer,
     CancelJob,
     Command,
+    ErrorCode,
     ErrorReply,
     FrameReader,
     GetJob,
@@ -401,10 +402,14 @@ class Engine:
 
     @staticmethod
     def _error(outbox: Outbox, request_id: int, exc: BaseException, what: str = "request") -> None:
-        """Answer ``request_id`` with ``exc`` (logged unless it is a client's or a 4xx/5xx)."""
-        if not isinstance(exc, ValueError) and type(exc).__module__ != "service.common.errors":
+        """Answer ``request_id`` with ``exc``, logged only when it is a server fault: an error
+        whose row of the error table (:func:`service.common.wire.error_code`, by ``isinstance``)
+        is not ``internal``, or a ``ValueError`` (a client's value caught by a check), is an
+        answer, not a fault."""
+        reply = ErrorReply.of(exc)
+        if reply.code is ErrorCode.INTERNAL:
             log.error("engine: %s failed", what, exc_info=exc)
-        outbox.put(request_id, ErrorReply.of(exc))
+        outbox.put(request_id, reply)
 
     async def _call(self, outbox: Outbox, request_id: int, command: Command[Answer]) -> None:
         try:

@@ -42,16 +42,18 @@ from service.frontend.v2_core import (
     versioned_model,
 )
 
-_STATUS = {  # service error -> gRPC status code name
-    "BadInput": "INVALID_ARGUMENT",
-    "InvalidValue": "INVALID_ARGUMENT",
-    "PayloadTooLarge": "RESOURCE_EXHAUSTED",
-    "NotFound": "NOT_FOUND",
-    "QueueFull": "UNAVAILABLE",
-    "NotReady": "UNAVAILABLE",
-    "DeadlineExceeded": "DEADLINE_EXCEEDED",
-    "RepositoryControlRefused": "FAILED_PRECONDITION",
-}
+
+async def abort(context: Any, exc: BaseException) -> None:
+    """End the call with ``exc`` as a gRPC status: a
+    :class:`~service.common.errors.ServiceError`'s ``grpc_status`` (its row of the error table,
+    by ``isinstance``: a subclass answers its base's row unless it overrides it) with its
+    message; anything else is ``INTERNAL`` with no detail, as HTTP's 500."""
+    import grpc
+
+    if isinstance(exc, errors.ServiceError):
+        await context.abort(getattr(grpc.StatusCode, exc.grpc_status), exc.message)
+    else:
+        await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
 
 
 def _model(state: ServiceState, request: Any) -> Any:
@@ -97,12 +99,6 @@ def make_servicer(state: ServiceState) -> Any:
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-    async def _abort(context: Any, exc: Exception) -> None:
-        name = type(exc).__name__
-        code = getattr(grpc.StatusCode, _STATUS.get(name, "INTERNAL"))
-        message = exc.message if isinstance(exc, errors.ServiceError) else "internal server error"
-        await context.abort(code, message)
-
     class Servicer(pb_grpc.GRPCInferenceServiceServicer):
         async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802
             return pb.ServerLiveResponse(live=True)
@@ -121,14 +117,14 @@ def make_servicer(state: ServiceState) -> Any:
             try:
                 _model(state, request)
             except errors.ServiceError as exc:
-                await _abort(context, exc)
+                await abort(context, exc)
             return pb.ModelReadyResponse(ready=is_ready(state)[0])
 
         async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
             try:
                 meta = model_metadata_dict(_model(state, request))
             except errors.ServiceError as exc:
-                await _abort(context, exc)
+                await abort(context, exc)
             tensor = pb.ModelMetadataResponse.TensorMetadata
             return pb.ModelMetadataResponse(
                 name=meta["name"],
@@ -152,7 +148,7 @@ def make_servicer(state: ServiceState) -> Any:
             try:
                 config = model_config_dict(_model(state, request), state.settings)
             except errors.ServiceError as exc:
-                await _abort(context, exc)
+                await abort(context, exc)
             return pb.ModelConfigResponse(
                 config=json_format.ParseDict(config, model_config_pb2.ModelConfig())
             )
@@ -165,7 +161,7 @@ def make_servicer(state: ServiceState) -> Any:
                 model = _model(state, request) if request.name else state.model()
                 stats = await asyncio.to_thread(model_statistics, state, model)
             except errors.ServiceError as exc:
-                await _abort(context, exc)
+                await abort(context, exc)
             return json_format.ParseDict({"model_stats": [stats]}, pb.ModelStatisticsResponse())
 
         async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -175,10 +171,10 @@ def make_servicer(state: ServiceState) -> Any:
             return pb.RepositoryIndexResponse(models=[entry(**m) for m in index])
 
         async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
-            await _abort(context, repository_control("load"))
+            await abort(context, repository_control("load"))
 
         async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
-            await _abort(context, repository_control("unload"))
+            await abort(context, repository_control("unload"))
 
         async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
             try:
@@ -215,7 +211,7 @@ def make_servicer(state: ServiceState) -> Any:
                         options.abstain_k, metadata,
                     )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - every failure is a gRPC status
-                await _abort(context, exc)
+                await abort(context, exc)
             tensors = output_tensors(columns, n_classes)
             out = pb.ModelInferResponse(
                 model_name=model.name, model_version=model.version, id=request.id

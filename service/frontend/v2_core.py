@@ -200,6 +200,7 @@ class RepositoryControlRefused(BadInput):
     FAILED_PRECONDITION), never a 404 or UNIMPLEMENTED."""
 
     code = "not_supported"
+    grpc_status = "FAILED_PRECONDITION"
 
 
 def repository_control(action: str) -> RepositoryControlRefused:

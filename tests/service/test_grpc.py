@@ -14,13 +14,19 @@ from tritonclient.utils import InferenceServerException
 
 from tests.service.conftest import Server, free_port, start_server
 
+#: The reviewer key of :func:`grpc_server` (its review queue is on: ``review=always`` needs a key).
+REVIEWER_KEY = "grpc-reviewer-key"
+
 
 @pytest.fixture(scope="module")
 def grpc_server(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
 ) -> Iterator[tuple[Server, int]]:
     port = free_port()
-    srv = start_server(tmp_path_factory.mktemp("grpc"), tiny_model, workers=2, grpc_port=port)
+    srv = start_server(
+        tmp_path_factory.mktemp("grpc"), tiny_model, workers=2, grpc_port=port,
+        review_queue="on", reviewer_key=REVIEWER_KEY,
+    )  # fmt: skip
     yield srv, port
     assert srv.stop() == 0, srv.log()
 
@@ -78,6 +84,38 @@ def test_grpc_errors_are_statuses(grpc_server: tuple[Server, int]) -> None:
     with pytest.raises(InferenceServerException, match="unknown model") as err:
         client.infer("nope", [ok])
     assert err.value.status() == "StatusCode.NOT_FOUND"
+    client.close()
+
+
+def test_grpc_review_always_needs_a_key_as_over_http(grpc_server: tuple[Server, int]) -> None:
+    """``review=always`` without a key is UNAUTHENTICATED over gRPC where HTTP answers 401, and
+    with a wrong key PERMISSION_DENIED where HTTP answers 403 (the error table's rows, not
+    INTERNAL); with the key it is served."""
+    srv, port = grpc_server
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    images = np.zeros((1, 1, 28, 28), np.uint8)
+    inp = grpcclient.InferInput("images", list(images.shape), "UINT8")
+    inp.set_data_from_numpy(images)
+    body = {
+        "inputs": [{"name": "images", "shape": [1, 1, 28, 28], "datatype": "UINT8",
+                    "data": images.reshape(-1).tolist()}],
+        "parameters": {"review": "always"},
+    }  # fmt: skip
+    for headers, http_status, grpc_status in (
+        ({}, 401, "StatusCode.UNAUTHENTICATED"),
+        ({"authorization": "Bearer wrong"}, 403, "StatusCode.PERMISSION_DENIED"),
+    ):
+        with pytest.raises(InferenceServerException, match="review=always needs") as err:
+            client.infer("tiny", [inp], parameters={"review": "always"}, headers=headers)
+        assert err.value.status() == grpc_status
+        http = httpx.post(f"{srv.url}/v2/models/tiny/infer", json=body, headers=headers, timeout=30)
+        assert http.status_code == http_status, http.text
+        assert http.json()["code"] == ("unauthorized" if http_status == 401 else "forbidden")
+    result = client.infer(
+        "tiny", [inp], parameters={"review": "always"},
+        headers={"authorization": f"Bearer {REVIEWER_KEY}"},
+    )  # fmt: skip
+    assert result.get_response().parameters["review_status"].string_param
     client.close()
 
 
