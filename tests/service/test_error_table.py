@@ -21,6 +21,7 @@ from service.engine.engine import Engine
 from service.engine.model_manager import PromoteRefused
 from service.frontend.error_handlers import install_error_handlers
 from service.frontend.grpc_v2 import abort
+from service.frontend.middleware import BodyOverLimit
 from service.frontend.v2_core import RepositoryControlRefused
 
 #: The rows, restated here on purpose: a change to a code or status is a change to the API.
@@ -41,6 +42,7 @@ ROWS: dict[type[errors.ServiceError], tuple[str, int, grpc.StatusCode]] = {
     PromoteRefused: ("promote_refused", 409, grpc.StatusCode.FAILED_PRECONDITION),
     ReviewStoreUnavailable: ("review_store_unavailable", 503, grpc.StatusCode.UNAVAILABLE),
     RepositoryControlRefused: ("not_supported", 400, grpc.StatusCode.FAILED_PRECONDITION),
+    BodyOverLimit: ("payload_too_large", 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
 }
 
 #: The pairing rule between the two protocols (RepositoryControlRefused's 400 is the one
@@ -68,8 +70,8 @@ def _make(cls: type[errors.ServiceError]) -> errors.ServiceError:
 
 def test_every_error_class_has_a_row() -> None:
     """The table covers every ServiceError class the service defines (those this module imports:
-    each module that defines one is imported above), and each row keeps the HTTP↔gRPC pairing
-    rule."""
+    each module that defines one is imported above, so the set does not depend on which other
+    tests ran in this worker first), and each row keeps the HTTP↔gRPC pairing rule."""
 
     def subclasses(cls: type[errors.ServiceError]) -> set[type[errors.ServiceError]]:
         return {c for sub in cls.__subclasses__() for c in (sub, *subclasses(sub))}
