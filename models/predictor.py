@@ -376,10 +376,7 @@ class Predictor:
         opts = self.options(abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=top_k)
         findings = np.array([int(r.finding) for r in read])
         columns = self.score_columns(self.forward(x), opts).abstaining(findings != Finding.ok)
-        records = columns.records(self.card.class_names, opts.abstain_k)
-        for record, r in zip(records, read, strict=True):
-            record["input_check"] = r.finding.name
-        return records
+        return columns.records(self.card.class_names, opts.abstain_k, findings)
 
 
 def fused_decision(device: torch.device, num_classes: int, num_members: int) -> Decide | None:

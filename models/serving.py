@@ -217,9 +217,12 @@ class ScoreColumns:
         f = len(FIXED_COLUMNS)
         return self.data[:, f + self.top_k :]
 
-    def records(self, class_names: list[str], abstain_k: float) -> list[dict[str, object]]:
+    def records(
+        self, class_names: list[str], abstain_k: float, findings: np.ndarray | None = None
+    ) -> list[dict[str, object]]:
         """One JSON-ready dict per row: ``prediction, label, probabilities [{label, probability}],
-        vgmu, snr, tu, au, eu, abstain, abstain_k``."""
+        vgmu, snr, tu, au, eu, abstain, abstain_k``, and ``input_check`` (the name of each row's
+        :class:`models.prepare.Finding`) when ``findings`` are given."""
         f = len(FIXED_COLUMNS)
         n = self.top_k
         out = []
@@ -244,4 +247,9 @@ class ScoreColumns:
                     "abstain_k": abstain_k,
                 }
             )
+        if findings is not None:
+            from models.prepare import Finding
+
+            for record, finding in zip(out, findings.tolist(), strict=True):
+                record["input_check"] = Finding(finding).name
         return out

@@ -68,8 +68,7 @@ async def predict_images(
     except BaseException:
         state.engine.release(region)
         raise
-    columns = await _score(state, model, region, options, timeout_s, record=False)
-    columns = columns.abstaining(findings != Finding.ok)
+    columns = await _score(state, model, region, options, timeout_s, findings)
     state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
     return columns, findings
 
@@ -91,7 +90,7 @@ async def predict_tensor(
     a = x.numpy()
     region = state.engine.allocate(str(a.dtype), a.shape)
     np.copyto(region.array, a)
-    columns = await _score(state, model, region, options, timeout_s, record=False)
+    columns = await _score(state, model, region, options, timeout_s, findings)
     if a.dtype == np.float32 and not np.isfinite(columns.data).all():
         bad = int(np.flatnonzero(~np.isfinite(columns.data).all(axis=1))[0])
         raise InvalidValue(
@@ -99,8 +98,6 @@ async def predict_tensor(
             f"{float(a[bad].min()):.3g} to {float(a[bad].max()):.3g}) overflow the forward "
             "pass. FP32 input is the normalised image; send raw pixels as UINT8 instead"
         )
-    if findings is not None:  # an image with no digit in it abstains (models.prepare.Finding)
-        columns = columns.abstaining(findings != Finding.ok)
     state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
     return columns
 
@@ -111,15 +108,13 @@ async def _score(
     region: object,
     options: ScoreOptions,
     timeout_s: float | None,
-    *,
-    record: bool = True,
+    findings: np.ndarray | None,
 ) -> ScoreColumns:
-    """The engine's columns for the request in ``region``; ``record``: count them as served."""
+    """The engine's columns for the request in ``region``, ``abstain`` set on the rows whose
+    image held no digit (``findings``, :class:`models.prepare.Finding`; None: not read)."""
     timeout = timeout_s if timeout_s is not None else state.settings.request_timeout_s
     columns = await state.engine.infer(model, region, options, timeout)  # type: ignore[arg-type]
-    if record:
-        state.metrics.record_predictions(model.name, columns.column("abstain").tolist())
-    return columns
+    return columns if findings is None else columns.abstaining(findings != Finding.ok)
 
 
 def parse_json(raw: bytes, what: str) -> Any:

@@ -10,7 +10,6 @@ import torch
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from models.prepare import Finding
 from models.problems import validation_problems
 from service.common.decode import b64_images, multipart_images
 from service.common.errors import BadInput, InvalidValue, PayloadTooLarge
@@ -159,9 +158,7 @@ async def predict(request: Request) -> Response:
     columns, findings = await predict_images(state, model, blobs, options, opts.timeout_s, prepare)
     # Plain floats, ints, bools and strings built by ScoreColumns.records: json.dumps (C) encodes
     # them directly; validating them through a pydantic response model cost ~10 % of a request.
-    records = columns.records(list(model.class_names), options.abstain_k)
-    for record, finding in zip(records, findings.tolist(), strict=True):
-        record["input_check"] = Finding(finding).name
+    records = columns.records(list(model.class_names), options.abstain_k, findings)
     queue = state.reviews if review != "never" else None
     if queue is not None and chosen_for_review(review, records):  # off the loop: file + DB writes
         reveal = review == "always" or has_review_key(state.settings, request.headers)
