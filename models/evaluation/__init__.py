@@ -41,12 +41,26 @@ __all__ = [
     "UNCERTAINTY_SCORES",
     "calibrate_abstain_k",
     "evaluate_predictions",
+    "max_prob_score",
     "natural_image_patches",
     "run_evaluation",
+    "score_arrays",
 ]
 
-#: Uncertainty scores evaluated (fields of ``EnsembleScores``; higher = more uncertain).
-UNCERTAINTY_SCORES = ("vgmu", "tu", "au", "eu", "mutual_information", "epkl", "epjs", "epce")
+#: Uncertainty scores evaluated (higher = more uncertain): the ``EnsembleScores`` fields and
+#: ``max_prob``, 1 − max_c of the served mean (:func:`max_prob_score`), the softmax-margin
+#: baseline VGMU must beat to add anything.
+UNCERTAINTY_SCORES = (
+    "vgmu",
+    "max_prob",
+    "tu",
+    "au",
+    "eu",
+    "mutual_information",
+    "epkl",
+    "epjs",
+    "epce",
+)
 #: Scores drawn in the comparison figures (the paper's VGMU vs EU / EPKL / EPJS).
 PLOTTED_SCORES = ("vgmu", "eu", "epkl", "epjs")
 #: Size of the natural-image OOD set used by :func:`run_evaluation`.
@@ -62,8 +76,31 @@ class _Evaluation:
     predictive: np.ndarray  # (N, C) predictive distribution
 
 
-def _score_arrays(scores: EnsembleScores) -> dict[str, np.ndarray]:
-    return {name: getattr(scores, name).double().numpy() for name in UNCERTAINTY_SCORES}
+def max_prob_score(p: Tensor, q: Tensor | None = None) -> Tensor:
+    """``1 − max_c`` of the served mean, ``(B,)``: q̄ for VGN models (``q`` given), else p̄ (the
+    distribution :func:`models.uncertainty.scoring.answer_members` serves from)."""
+    members = q if q is not None else p
+    return 1.0 - members.double().mean(dim=1).amax(dim=-1)
+
+
+def score_arrays(
+    scores: EnsembleScores,
+    p: Tensor,
+    q: Tensor | None,
+    names: tuple[str, ...] = UNCERTAINTY_SCORES,
+) -> dict[str, np.ndarray]:
+    """``{score: float64 (B,)}`` for ``names``: fields of ``scores`` (what
+    :func:`~models.uncertainty.scoring.score_members` gave for ``p``/``q``) and ``max_prob``."""
+    return {
+        name: (max_prob_score(p, q) if name == "max_prob" else getattr(scores, name))
+        .double()
+        .numpy()
+        for name in names
+    }
+
+
+def _score_arrays(scores: EnsembleScores, p: Tensor, q: Tensor | None) -> dict[str, np.ndarray]:
+    return score_arrays(scores, p, q)
 
 
 def _clean(obj: Any) -> Any:
@@ -94,7 +131,7 @@ def _evaluate(
     if y.shape[0] != n:
         raise ValueError(f"labels must have {n} entries (one per sample); got {y.shape[0]}")
     scores = score_members(p, q, abstain_k=abstain_k)
-    arrays = _score_arrays(scores)
+    arrays = _score_arrays(scores, p, q)
     errors = (scores.prediction.numpy() != y).astype(np.float64)
 
     gated = q is not None
@@ -130,8 +167,10 @@ def _evaluate(
     if p_ood is not None:
         if gated != (q_ood is not None):
             raise ValueError("give q_ood exactly when q is given (same model on both sets)")
+        p_ood = check_probs(torch.as_tensor(as_numpy(p_ood)))
+        q_ood = None if q_ood is None else check_probs(torch.as_tensor(as_numpy(q_ood)))
         ood_scores = score_members(p_ood, q_ood, abstain_k=abstain_k)
-        ood_arrays = _score_arrays(ood_scores)
+        ood_arrays = _score_arrays(ood_scores, p_ood, q_ood)
         metrics["ood"] = {
             "n_id": n,
             "n_ood": int(ood_scores.prediction.shape[0]),
@@ -164,8 +203,9 @@ def evaluate_predictions(
     rank_consistency {eu|epkl|epjs: {spearman, kendall}} (VGMU vs each), aucc {score},
     selective {score: {aurc, eaurc, error_auroc (+ error_auroc_ci95 for vgmu), coverage_at_risk {"0.01", "0.02", "0.05"}}}, ood (None, or
     {n_id, n_ood, abstain_rate, scores {score: {auroc, fpr95}}})``. Scores are the
-    ``EnsembleScores`` uncertainty fields (:data:`UNCERTAINTY_SCORES`); selective errors are those of
-    ``EnsembleScores.prediction`` (the class the service serves). Undefined values are ``None``.
+    ``EnsembleScores`` uncertainty fields and ``max_prob`` (:data:`UNCERTAINTY_SCORES`); selective
+    errors are those of ``EnsembleScores.prediction`` (the class the service serves). Undefined
+    values are ``None``.
     """
     return _evaluate(p, q, labels, p_ood, q_ood, abstain_k).metrics
 
@@ -301,7 +341,7 @@ def run_evaluation(
         from models.data_ood.suite import FAR_GROUPS
         from models.evaluation.ood_suite import ood_suite_metrics, suite_members
 
-        suite_images, suite, no_digit = suite_members(
+        suite_images, suite, no_digit, suite_labels = suite_members(
             lambda b: forward_all(predictor, b), lambda u: _read_all(predictor, u)
         )
         p_ood = torch.cat([suite[g][0] for g in FAR_GROUPS])
@@ -326,7 +366,9 @@ def run_evaluation(
     metrics["data"] = source
     metrics["ood"]["source"] = ood_source
     if suite is not None:
-        metrics["ood_suite"] = _clean(ood_suite_metrics(p, q, suite, abstain_k, no_digit))
+        metrics["ood_suite"] = _clean(
+            ood_suite_metrics(p, q, suite, abstain_k, no_digit, suite_labels)
+        )
     if calibration:
         metrics["calibration"] = {k: v for k, v in dict(calibration).items() if k != "curve"}
 

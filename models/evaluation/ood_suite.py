@@ -3,8 +3,13 @@
 For every group the served rule's abstain rate at the given ``abstain_k`` (paper §3.2: accept
 when ``p̄₁ − k·s₁ > p̄₂ + k·s₂``) and, with OOD as the positive class against the in-distribution
 split, the AUROC and FPR@95 (:mod:`models.evaluation.ood`, paper §4.6) of VGMU and every baseline
-score (TU/AU/EU, MI, EPKL, EPJS, EPCE: :data:`models.evaluation.UNCERTAINTY_SCORES`). Pooled rows:
-``far`` (the five far groups, the ones with abstain targets) and ``all`` (every group).
+score (1 − max prob, TU/AU/EU, MI, EPKL, EPJS, EPCE: :data:`models.evaluation.UNCERTAINTY_SCORES`).
+For the labelled near groups (:func:`models.data_ood.ood_suite_labels`: rotated and shrunk digits)
+also the share deferred or answered with the right class. Each group's target is of one kind
+(``target_kind``): ``abstain`` (:data:`~models.data_ood.suite.ABSTAIN_TARGETS`: the far groups
+and overlaid digits) or ``deferred_or_right``
+(:data:`~models.data_ood.suite.DEFERRED_OR_RIGHT_TARGETS`: shrunk digits). Pooled rows: ``far``
+(the five far groups) and ``all`` (every group).
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ from models.evaluation.ood import ood_metrics
 from models.prepare import Finding, canonicalise
 from models.uncertainty.scoring import score_members
 
-__all__ = ["SUITE_PER_GROUP", "card_ood_suite", "ood_suite_metrics", "suite_members"]
+__all__ = [
+    "SUITE_PER_GROUP",
+    "card_ood_suite",
+    "deferred_or_right",
+    "ood_suite_metrics",
+    "suite_members",
+]
 
 SUITE_PER_GROUP = 500  # images per group evaluated by ``vge evaluate`` and stored in the card
 
@@ -42,8 +53,10 @@ def _arrays(
 ):
     """Score arrays, abstain flags and predictions; rows in ``no_digit`` (bool) abstain and
     score :data:`NO_DIGIT_SCORE`, as served."""
+    from models.evaluation import score_arrays
+
     s = score_members(p, q, abstain_k=abstain_k)
-    arrays = {n: getattr(s, n).double().numpy() for n in names}
+    arrays = score_arrays(s, p, q, names)
     abstain = s.abstain.numpy()
     if no_digit is not None and no_digit.any():
         abstain = abstain | no_digit
@@ -53,14 +66,18 @@ def _arrays(
 
 
 @lru_cache(maxsize=2)
-def _suite_images(n_per_group: int, seed: int) -> dict[str, np.ndarray]:
-    """The suite's images, generated once per process (read-only arrays: a few seconds to draw)."""
-    from models.data_ood import ood_suite
+def _suite_images(
+    n_per_group: int, seed: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The suite's images and the labelled groups' true classes, generated once per process
+    (read-only arrays: a few seconds to draw)."""
+    from models.data_ood import ood_suite, ood_suite_labels
 
     images = ood_suite(n_per_group, seed=seed)
-    for a in images.values():
+    labels = ood_suite_labels(n_per_group, seed=seed)
+    for a in (*images.values(), *labels.values()):
         a.setflags(write=False)
-    return images
+    return images, labels
 
 
 def suite_members(
@@ -70,13 +87,17 @@ def suite_members(
     seed: int = 0,
     batch_size: int = 512,
 ) -> tuple[
-    dict[str, np.ndarray], dict[str, tuple[Tensor, Tensor | None]], dict[str, np.ndarray | None]
+    dict[str, np.ndarray],
+    dict[str, tuple[Tensor, Tensor | None]],
+    dict[str, np.ndarray | None],
+    dict[str, np.ndarray],
 ]:
-    """The suite's raw images, the model's members on them and which images held no digit:
-    ``(images, {group: (p, q)}, {group: no_digit})``. ``prepare`` maps uint8 ``(N, 1, 28, 28)``
-    to model inputs and the bool ``no_digit`` of the served reading (None: not read);
-    ``forward`` inputs to ``(p, q)``."""
-    images = _suite_images(n_per_group, seed)
+    """The suite's raw images, the model's members on them, which images held no digit and the
+    labelled groups' true classes: ``(images, {group: (p, q)}, {group: no_digit}, {group:
+    labels})`` (:func:`models.data_ood.ood_suite_labels`). ``prepare`` maps uint8
+    ``(N, 1, 28, 28)`` to model inputs and the bool ``no_digit`` of the served reading (None: not
+    read); ``forward`` inputs to ``(p, q)``."""
+    images, labels = _suite_images(n_per_group, seed)
     members: dict[str, tuple[Tensor, Tensor | None]] = {}
     no_digit: dict[str, np.ndarray | None] = {}
     for group, imgs in images.items():
@@ -88,7 +109,27 @@ def suite_members(
             if q is not None:
                 qs.append(q)
         members[group] = (torch.cat(ps), torch.cat(qs) if qs else None)
-    return images, members, no_digit
+    return images, members, no_digit, labels
+
+
+def _target(group: str) -> tuple[float | None, str | None]:
+    """A group's target and its kind (``"abstain"``, ``"deferred_or_right"`` or None)."""
+    from models.data_ood.suite import ABSTAIN_TARGETS, DEFERRED_OR_RIGHT_TARGETS
+
+    if group in ABSTAIN_TARGETS:
+        return ABSTAIN_TARGETS[group], "abstain"
+    if group in DEFERRED_OR_RIGHT_TARGETS:
+        return DEFERRED_OR_RIGHT_TARGETS[group], "deferred_or_right"
+    return None, None
+
+
+def deferred_or_right(abstain: np.ndarray, prediction: np.ndarray, labels: np.ndarray) -> float:
+    """Share of images abstained on (no-digit images included: they abstain as served) or
+    answered with their true class ``labels`` (``(n,)``)."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.shape[0] != abstain.shape[0]:
+        raise ValueError(f"labels must be ({abstain.shape[0]},); got {labels.shape}")
+    return float((np.asarray(abstain, bool) | (np.asarray(prediction) == labels)).mean())
 
 
 def ood_suite_metrics(
@@ -97,13 +138,20 @@ def ood_suite_metrics(
     groups: Mapping[str, tuple[Tensor, Tensor | None]],
     abstain_k: float,
     no_digit: Mapping[str, np.ndarray | None] | None = None,
+    labels: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """``{"groups": {group: {n, abstain_rate, target, meets_target, no_digit (images the
-    reading found no digit in), predicted (class counts), scores {score: {auroc, fpr95}}}},
-    "far": {...}, "all": {...}}`` (pooled rows without target), against the in-distribution
-    members ``p_id``/``q_id``. Images in ``no_digit`` abstain and rank most uncertain, as
-    served (:data:`NO_DIGIT_SCORE`)."""
-    from models.data_ood.suite import ABSTAIN_TARGETS, FAR_GROUPS
+    """``{"groups": {group: {n, abstain_rate, deferred_or_right, target, target_kind,
+    meets_target, no_digit (images the reading found no digit in), predicted (class counts),
+    scores {score: {auroc, fpr95}}}}, "far": {...}, "all": {...}}`` (pooled rows without
+    target), against the in-distribution members ``p_id``/``q_id``. Images in ``no_digit``
+    abstain and rank most uncertain, as served (:data:`NO_DIGIT_SCORE`).
+
+    ``deferred_or_right`` (None without labels) is the share abstained on or answered with the
+    true class, for groups whose ``labels`` are one class per image (rotated and shrunk digits;
+    not the two classes of overlaid digits). ``target_kind`` says which rate ``target`` applies
+    to: ``"abstain"`` (``abstain_rate``), ``"deferred_or_right"`` or None (reported only);
+    ``meets_target`` is None without a target or without the labels the target needs."""
+    from models.data_ood.suite import FAR_GROUPS
     from models.evaluation import UNCERTAINTY_SCORES
 
     id_arrays, _, _ = _arrays(p_id, q_id, abstain_k, UNCERTAINTY_SCORES)
@@ -113,13 +161,20 @@ def ood_suite_metrics(
     for group, (p, q) in groups.items():
         found = None if no_digit is None else no_digit.get(group)
         arrays, abstain, pred = _arrays(p, q, abstain_k, UNCERTAINTY_SCORES, found)
-        target = ABSTAIN_TARGETS.get(group)
+        target, kind = _target(group)
         rate = float(abstain.mean())
+        y = None if labels is None else labels.get(group)
+        right = None if y is None or np.ndim(y) != 1 else deferred_or_right(abstain, pred, y)
+        measured = rate if kind == "abstain" else right
         per[group] = {
             "n": int(abstain.size),
             "abstain_rate": rate,
+            "deferred_or_right": right,
             "target": target,
-            "meets_target": None if target is None else bool(rate >= target),
+            "target_kind": kind,
+            "meets_target": (
+                None if target is None or measured is None else bool(measured >= target)
+            ),
             "no_digit": 0 if found is None else int(found.sum()),
             "predicted": np.bincount(pred, minlength=n_classes).tolist(),
             "scores": ood_metrics(id_arrays, arrays),
@@ -170,10 +225,10 @@ def card_ood_suite(
         return (x.float() / 255.0 - mean[0]) / std[0], no_digit
 
     try:
-        _, members, no_digit = suite_members(forward, prepare)
+        _, members, no_digit, labels = suite_members(forward, prepare)
     finally:
         model.train(was_training)
-    return ood_suite_metrics(p_id, q_id, members, abstain_k, no_digit)
+    return ood_suite_metrics(p_id, q_id, members, abstain_k, no_digit, labels)
 
 
 def validation_outliers(model_dir: str, n: int = 2000, seed: int | None = None) -> dict[str, Any]:

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-#: Human-readable names of the uncertainty scores (keys of ``EnsembleScores``).
+#: Human-readable names of the uncertainty scores (:data:`models.evaluation.UNCERTAINTY_SCORES`).
 SCORE_LABELS = {
     "vgmu": "VGMU",
+    "max_prob": "1 − max prob",
     "tu": "TU",
     "au": "AU",
     "eu": "EU",
@@ -122,6 +123,8 @@ def render_report(
             "",
         ]
 
+    out += _auroc_section(metrics)
+
     rc = metrics["rank_consistency"]
     out += ["## Rank consistency with VGMU (§4.1)", ""]
     out += _table(
@@ -166,22 +169,62 @@ def render_report(
     return "\n".join(out).rstrip() + "\n"
 
 
-#: Scores shown in the per-group OOD table (VGMU and the paper's baselines).
-SUITE_SCORES = ("vgmu", "eu", "mutual_information", "epkl", "epjs")
+#: Scores of the one-table comparison (issue 33): does VGMU add anything over the softmax margin?
+COMPARED_SCORES = ("vgmu", "max_prob", "tu", "eu", "mutual_information", "epkl")
+
+
+def _auroc_section(metrics: Mapping[str, Any]) -> list[str]:
+    """One table: OOD AUROC (the suite's far groups pooled when evaluated, else the OOD set) and
+    error-detection AUROC of :data:`COMPARED_SCORES`."""
+    suite = metrics.get("ood_suite") or {}
+    if suite.get("far"):
+        ood, what = suite["far"]["scores"], "the OOD suite's five far groups pooled"
+    elif metrics.get("ood"):
+        ood, what = metrics["ood"]["scores"], "the OOD set above"
+    else:
+        ood, what = {}, "no OOD set"
+    sel = metrics["selective"]
+    names = [k for k in COMPARED_SCORES if k in sel or k in ood]
+    if not names:
+        return []
+    out = [
+        "## OOD and error-detection AUROC per score",
+        "",
+        f"OOD AUROC: OOD images vs the in-distribution split ({what}); error-detection AUROC: the "
+        "served errors vs the correct answers. 1 − max prob is the served mean's (q̄ for VGN "
+        "models) softmax margin: VGMU adds something only where it beats it.",
+        "",
+    ]
+    rows = [
+        [
+            SCORE_LABELS.get(k, k),
+            (ood.get(k) or {}).get("auroc"),
+            (sel.get(k) or {}).get("error_auroc"),
+        ]
+        for k in names
+    ]
+    return out + _table(["score", "OOD AUROC (far, pooled)", "error-detection AUROC"], rows)
+
+
+#: Scores shown in the per-group OOD table (VGMU, the softmax margin and the paper's baselines).
+SUITE_SCORES = ("vgmu", "max_prob", "eu", "mutual_information", "epkl", "epjs")
 
 
 def _suite_section(suite: Mapping[str, Any]) -> list[str]:
-    """The OOD suite per group: abstain rate at the served k against its target, AUROC and
-    FPR@95 of VGMU and the baselines (docs/ood-suite.md)."""
+    """The OOD suite per group: abstain rate at the served k (and, for labelled digits, the
+    share deferred or right) against its target, AUROC and FPR@95 of VGMU and the baselines
+    (docs/ood-suite.md)."""
     out = [
         "## OOD suite, per group",
         "",
         f"The project's OOD suite (docs/ood-suite.md) against the in-distribution split; abstain "
-        f"rate of the served rule at k = {suite['abstain_k']:.4g}. `far`: the five far groups "
-        "pooled; `all`: every group.",
+        f"rate of the served rule at k = {suite['abstain_k']:.4g}; deferred or right: abstained "
+        "on or answered with the true class (labelled digit groups). A target applies to the "
+        "abstain rate, or where marked (d/r) to the share deferred or right. `far`: the five far "
+        "groups pooled; `all`: every group.",
         "",
     ]
-    header = ["group", "n", "abstain rate", "target"]
+    header = ["group", "n", "abstain rate", "deferred or right", "target"]
     header += [f"AUROC {SCORE_LABELS[k]}" for k in SUITE_SCORES]
     header += [f"FPR@95 {SCORE_LABELS[k]}" for k in ("vgmu", "epkl")]
     rows = []
@@ -190,9 +233,11 @@ def _suite_section(suite: Mapping[str, Any]) -> list[str]:
         sc = g["scores"]
         target = g.get("target")
         met = "" if g.get("meets_target") is None else (" ✓" if g["meets_target"] else " ✗")
+        kind = " (d/r)" if g.get("target_kind") == "deferred_or_right" else ""
+        shown = "—" if target is None else f"≥ {target:g}{kind}{met}"
         rows.append(
-            [name, g["n"], g["abstain_rate"], "—" if target is None else f"≥ {target:g}{met}"]
-            + [sc[k]["auroc"] for k in SUITE_SCORES]
+            [name, g["n"], g["abstain_rate"], g.get("deferred_or_right"), shown]
+            + [(sc.get(k) or {}).get("auroc") for k in SUITE_SCORES]
             + [sc[k]["fpr95"] for k in ("vgmu", "epkl")]
         )
     return out + _table(header, rows)

@@ -95,7 +95,13 @@ def run(args: argparse.Namespace) -> int:
         parts = []
         for name, g in suite["groups"].items():
             target = "" if g["target"] is None else f" (target {g['target']:.0%})"
-            parts.append(f"{name} {g['abstain_rate']:.1%}{target}")
+            if g.get("target_kind") == "deferred_or_right":
+                parts.append(
+                    f"{name} {g['abstain_rate']:.1%}, deferred or right "
+                    f"{g['deferred_or_right']:.1%}{target}"
+                )
+            else:
+                parts.append(f"{name} {g['abstain_rate']:.1%}{target}")
         print(
             "OOD suite, abstained at the served k: "
             + ", ".join(parts)

@@ -66,3 +66,80 @@ def test_choice_outliers_are_never_the_draw_a_model_trained_on() -> None:
     with pytest.raises(ValueError, match="trained on"):
         validation_outliers(str(oe), seed=1)
     assert validation_outliers(str(oe), n=64)["outlier_seed"] == 2
+
+
+def _test_split() -> tuple[np.ndarray, np.ndarray]:
+    from models.data import bundled_split, load_bundled_mnist
+
+    images, labels = load_bundled_mnist()
+    test = bundled_split()["test"]
+    return images[test], labels[test]
+
+
+def _stream(group: str, seed: int) -> np.random.Generator:
+    return np.random.default_rng([suite.SUITE_TAG, seed, OOD_GROUPS.index(group)])
+
+
+def test_new_near_groups_are_appended_so_older_groups_keep_their_streams() -> None:
+    assert OOD_GROUPS[:7] == (*suite.FAR_GROUPS, "rotated_digits", "inverted_digits")
+    assert OOD_GROUPS[7:] == ("overlaid_digits", "shrunk_digits")
+    assert set(suite.LABELLED_GROUPS) <= set(suite.NEAR_GROUPS)
+    assert suite.DEFERRED_OR_RIGHT_TARGETS == {"shrunk_digits": 0.98}
+    assert suite.ABSTAIN_TARGETS["overlaid_digits"] == 0.80
+    assert not set(suite.ABSTAIN_TARGETS) & set(suite.DEFERRED_OR_RIGHT_TARGETS)
+
+
+def test_overlaid_digits_are_two_test_digits_of_different_classes() -> None:
+    groups = ["overlaid_digits"]
+    a = ood_suite(60, seed=3, groups=groups)["overlaid_digits"]
+    assert a.tobytes() == ood_suite(60, seed=3, groups=groups)["overlaid_digits"].tobytes()
+    assert a.tobytes() != ood_suite(60, seed=4, groups=groups)["overlaid_digits"].tobytes()
+    pairs = suite.ood_suite_labels(60, seed=3, groups=groups)["overlaid_digits"]
+    assert pairs.shape == (60, 2) and (pairs[:, 0] != pairs[:, 1]).all()
+    # reconstruct the draw: the first digit is the test split's permutation, the pixelwise max
+    # holds both digits, and the partner's class is the second label
+    images, labels = _test_split()
+    first = _stream("overlaid_digits", 3).permutation(labels.size)[:60]
+    assert (labels[first] == pairs[:, 0]).all()
+    assert (a >= images[first]).all() and a.dtype == np.uint8 and a.shape == (60, 28, 28)
+    assert (a.astype(int) > images[first]).any(axis=(1, 2)).mean() > 0.9  # a partner on top
+
+
+def test_shrunk_digits_are_small_whole_and_labelled_by_their_draw() -> None:
+    from PIL import Image
+
+    a = ood_suite(50, seed=2, groups=["shrunk_digits"])["shrunk_digits"]
+    assert a.tobytes() == ood_suite(50, seed=2, groups=["shrunk_digits"])["shrunk_digits"].tobytes()
+    assert a.dtype == np.uint8 and a.shape == (50, 28, 28)
+    for img in a:
+        rows, cols = np.nonzero(img)
+        assert rows.max() - rows.min() + 1 <= 0.5 * 28 and cols.max() - cols.min() + 1 <= 0.5 * 28
+    # the same draw, step by step: the labels are the source digits' and so are the images
+    images, labels = _test_split()
+    rng = _stream("shrunk_digits", 2)
+    pick = rng.permutation(labels.size)[:50]
+    y = suite.ood_suite_labels(50, seed=2, groups=["shrunk_digits", "letters"])
+    assert list(y) == ["shrunk_digits"] and (y["shrunk_digits"] == labels[pick]).all()
+    for img, src in zip(a, images[pick], strict=True):
+        side = round(28 * rng.uniform(0.35, 0.50))
+        assert 0.35 * 28 - 0.5 <= side <= 0.5 * 28
+        top, left = rng.integers(0, 28 - side + 1, size=2)
+        small = np.asarray(Image.fromarray(src).resize((side, side), Image.BILINEAR))
+        assert (img[top : top + side, left : left + side] == small).all()
+        img = img.copy()
+        img[top : top + side, left : left + side] = 0
+        assert not img.any()  # nothing outside the placed digit
+
+
+def test_rotated_digit_labels_are_the_turned_digits_classes() -> None:
+    images, labels = _test_split()
+    rng = _stream("rotated_digits", 0)
+    pick = rng.permutation(labels.size)[:40]
+    turns = rng.integers(1, 4, size=40)
+    y = suite.ood_suite_labels(40, seed=0)["rotated_digits"]
+    assert (y == labels[pick]).all()
+    sample = load_ood_sample()["rotated_digits"]
+    for img, k, i in zip(sample, turns, pick, strict=True):
+        assert (np.rot90(img, -int(k)) == images[i]).all()
+    with pytest.raises(ValueError, match="unknown OOD group"):
+        suite.ood_suite_labels(1, groups=["digits"])

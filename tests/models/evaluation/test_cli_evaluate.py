@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from models.checkpoint import CARD_FILE
-from models.data_ood import ABSTAIN_TARGETS, OOD_GROUPS
+from models.data_ood import ABSTAIN_TARGETS, DEFERRED_OR_RIGHT_TARGETS, OOD_GROUPS
 from models.evaluation import UNCERTAINTY_SCORES
 from service.cli import main
 
@@ -54,7 +54,8 @@ def test_vge_evaluate_writes_metrics_plots_and_report(
     assert list(suite["groups"]) == list(OOD_GROUPS) and suite["far"]["n"] == 2500
     for name, g in suite["groups"].items():
         assert g["n"] == 500 and 0 <= g["abstain_rate"] <= 1 and sum(g["predicted"]) == 500
-        assert g["target"] == ABSTAIN_TARGETS.get(name)
+        assert g["target"] == ABSTAIN_TARGETS.get(name, DEFERRED_OR_RIGHT_TARGETS.get(name))
+        assert (g["deferred_or_right"] is None) == (name not in ("rotated_digits", "shrunk_digits"))
         assert set(g["scores"]) == set(UNCERTAINTY_SCORES)
     assert suite["far"]["scores"]["vgmu"] == metrics["ood"]["scores"]["vgmu"]
     # the card stores the same per-group numbers (computed at training time, same k and images)
@@ -73,6 +74,9 @@ def test_vge_evaluate_writes_metrics_plots_and_report(
     } <= set(metrics["plots"].values())
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "## OOD suite, per group" in report and "| letters | 500 |" in report
+    assert "## OOD and error-detection AUROC per score" in report and "| 1 − max prob |" in report
+    assert metrics["selective"]["max_prob"]["error_auroc"] is not None
+    assert suite["groups"]["shrunk_digits"]["target_kind"] == "deferred_or_right"
     assert (
         "# Evaluation: tiny-lle-vgn" in report
         and "![Reliability diagram](reliability.png)" in report
