@@ -129,6 +129,9 @@ class DataBundle:
     std: tuple[float, ...]
     fingerprint: str
     extra: dict = field(default_factory=dict)
+    #: digits carved out of ``train`` before training to calibrate ``abstain_k`` with ``val``
+    #: (``TrainConfig.calibration_split``); None: calibrate on ``val`` alone
+    calib: Dataset | None = None
 
     @property
     def num_classes(self) -> int:
@@ -310,7 +313,10 @@ def _load_mnist_bundled(max_train_samples: int | None) -> DataBundle:
     y = torch.from_numpy(labels)
     train_idx = split["train"]
     if max_train_samples is not None:
-        train_idx = train_idx[:max_train_samples]
+        # a seeded draw, not the first indices: the file is ordered by class, so the first 512
+        # training indices are all zeros
+        draw = np.random.default_rng(0).permutation(train_idx.size)[:max_train_samples]
+        train_idx = np.sort(train_idx[draw])
 
     def part(idx: np.ndarray) -> TensorDataset:
         t = torch.from_numpy(idx)

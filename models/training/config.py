@@ -132,6 +132,33 @@ class TrainConfig(ArchitectureSpec):
     )
     outlier_batch_size: int = Field(64, ge=1, le=LIMITS["batch_size"])
     outlier_pool: int = Field(12000, ge=1, le=100_000)
+    outlier_targets: Literal["uniform", "disagree"] = Field(
+        "uniform",
+        description="what outlier exposure asks of the members on an outlier: uniform (the "
+        "served mean flat, Hendrycks et al.) | disagree (each member confident on its own "
+        "class, the classes spread so that the mean is flat: the ensemble's disagreement, EU, "
+        "carries the signal; models/training/outliers.py)",
+    )
+    outlier_overlays: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of every outlier batch made of two training digits of different "
+        "classes overlaid (near OOD: the answer is split between their two classes); 0 = none",
+    )
+    outlier_prepare: bool = Field(
+        False,
+        description="read the outlier pool and the overlays as the server reads an upload "
+        "(models/prepare.py, prepare=mnist), so training sees the pixels serving will",
+    )
+    calibration_split: float = Field(
+        0.0,
+        ge=0,
+        le=0.5,
+        description="share of the training digits carved out before training (stratified, "
+        "seed 0), never trained on, and used with the validation split to calibrate abstain_k; "
+        "0 = calibrate on the validation split alone",
+    )
     init_from: str | None = Field(
         None,
         description="a model directory whose weights start the run (fine-tuning): its "

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -36,7 +36,32 @@ def load_data(config: TrainConfig) -> DataBundle:
         check_class_names(list(bundle.class_names))
     except ValueError as exc:
         raise ValueError(f"dataset {config.dataset}: {exc}") from None
+    if config.calibration_split > 0:
+        bundle = carve_calibration(bundle, config.calibration_split)
     return bundle
+
+
+def carve_calibration(bundle: DataBundle, share: float) -> DataBundle:
+    """``bundle`` with ``share`` of its training digits moved to ``calib`` (stratified by class,
+    scikit-learn's ``train_test_split`` with seed 0, the same for every run seed): digits the run
+    never trains on, which calibrate ``abstain_k`` together with the validation split
+    (:func:`models.training.finalise.finalise`). Seed 0 keeps the carve fixed across training
+    seeds, so two seeds' calibration numbers are on the same digits."""
+    import numpy as np
+    from sklearn.model_selection import train_test_split
+    from torch.utils.data import Subset
+
+    labels = np.asarray([int(y) for _, y in DataLoader(bundle.train, batch_size=None)])
+    keep, calib = train_test_split(
+        np.arange(labels.size), test_size=share, stratify=labels, random_state=0
+    )
+    extra = {**bundle.extra, "calibration_split": {"share": share, "n": int(calib.size)}}
+    return replace(
+        bundle,
+        train=Subset(bundle.train, sorted(keep.tolist())),
+        calib=Subset(bundle.train, sorted(calib.tolist())),
+        extra=extra,
+    )
 
 
 @dataclass

@@ -127,8 +127,17 @@ def finalise(
             target_deferral = DEFAULT_TARGET_DEFERRAL
         # Calibrate on exactly the served rule (VGMU on q̄ for VGN models), then report the test
         # split under that rule at that k: the card describes what the service does.
+        # Calibrate on digits never trained on: the validation split, and the calibration
+        # split carved out of train before training when the config asks for one
+        # (TrainConfig.calibration_split: a quantile of 1,600 digits, not 800).
+        p_cal, q_cal, y_cal = p_val, q_val, y_val
+        if bundle.calib is not None:
+            p_c, q_c, y_c = collect_predictions(model, bundle.calib, rt.device, bs)
+            p_cal, y_cal = torch.cat([p_val, p_c]), torch.cat([y_val, y_c])
+            q_cal = None if q_val is None or q_c is None else torch.cat([q_val, q_c])
+            metrics["n_calibration"] = len(y_cal)
         calib = calibrate_served(
-            p_val, q_val, y_val, target_deferral=target_deferral, target_risk=config.target_risk
+            p_cal, q_cal, y_cal, target_deferral=target_deferral, target_risk=config.target_risk
         )
         evaluation = evaluate_predictions(p_test, q_test, y_test, abstain_k=calib["abstain_k"])
         evaluation["ood_suite"] = card_ood_suite(  # docs/ood-suite.md, per group
@@ -145,7 +154,7 @@ def finalise(
             update={
                 "metrics": {**card.metrics, "evaluation": _jsonable(evaluation)},
                 "abstain_calibration": _jsonable(dict(calib)),
-                "uncertainty_reference": served_reference(p_val, q_val, calib),
+                "uncertainty_reference": served_reference(p_cal, q_cal, calib),
             }
         )
     except Exception:

@@ -20,6 +20,26 @@ pool as outliers, never as a class. They are few against the generated pool (ten
 12,000: each image about 0.5 times in 2 epochs of the bundled digits); instead
 :data:`REVIEWED_SHARE` of every outlier batch is drawn from them, as every human-labelled digit
 is seen once an epoch.
+
+Two refinements (``TrainConfig.outlier_targets``, ``outlier_overlays``, ``outlier_prepare``):
+
+* **disagreeing members** (``outlier_targets="disagree"``): instead of asking every member for
+  the flat answer, member ``m`` is asked for class ``(r + m) mod C`` on an outlier (``r`` drawn
+  per image), ``E_m[−log r_{m,t_m}]`` on the served members ``r`` (``q`` with VGN). The mean is
+  still flat (exactly so when C divides M), so the served margin rule defers as before, but now
+  the members *disagree* where the data gave them no evidence: the epistemic part of the
+  decomposition (EU = TU − AU, §3.3) and the spread that the gate and VGMU read become the
+  signal, as in a deep ensemble off its data (Lakshminarayanan et al. 2017), rather than a mean
+  that every member flattens alike. Diversity driven by chosen targets on chosen inputs is the
+  idea of diverse/repulsive ensembles (D'Angelo & Fortuin 2021) made explicit and cheap.
+* **overlays** (near OOD): a share of every outlier batch is two training digits of different
+  classes ``a ≠ b`` overlaid (pixelwise max, the second shifted by up to 2 px): an image a person
+  would defer. Its target splits the answer between ``a`` and ``b``: half of the members each
+  (disagree), or ½/½ on the mean (uniform).
+* ``outlier_prepare``: the pool and the overlays are read as the server reads an upload
+  (:func:`models.prepare.canonicalise`), so a letter is seen framed like a digit, as served;
+  an image the reading refuses (no digit found) is kept as drawn: serving never shows the model
+  one, and the pool keeps its families.
 """
 
 from __future__ import annotations
@@ -29,13 +49,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from models.data import DataBundle
 from models.ensembles import EnsembleOutput
 
-__all__ = ["REVIEWED_SHARE", "OutlierExposure", "uniform_cross_entropy"]
+__all__ = [
+    "OVERLAY_POOL",
+    "REVIEWED_SHARE",
+    "OutlierExposure",
+    "overlay_pairs",
+    "read_outliers",
+    "uniform_cross_entropy",
+]
 
 #: The share of each outlier batch drawn from the reviewed outliers when there are any.
 REVIEWED_SHARE = 0.25
@@ -60,6 +88,12 @@ class OutlierExposure:
     generator: torch.Generator
     #: (R, 1, H, W) images reviewers marked not a digit, normalised like the digits; None: none
     reviewed: Tensor | None = None
+    #: "uniform" (flat mean) or "disagree" (member m confident on its own class)
+    targets: str = "uniform"
+    #: (V, 1, H, W) overlaid digit pairs, normalised, and their two classes (V, 2); None: none
+    overlays: Tensor | None = None
+    overlay_classes: Tensor | None = None
+    overlays_per_batch: int = 0
 
     @property
     def reviewed_per_batch(self) -> int:
@@ -67,14 +101,15 @@ class OutlierExposure:
         least 1 when there are any)."""
         if self.reviewed is None or self.reviewed.shape[0] == 0:
             return 0
-        return max(1, round(REVIEWED_SHARE * self.batch_size))
+        return max(1, round(REVIEWED_SHARE * (self.batch_size - self.overlays_per_batch)))
 
     @classmethod
     def for_run(cls, config, bundle: DataBundle, rank: int = 0) -> OutlierExposure:  # noqa: ANN001
         """The pool for ``config`` (``outlier_pool`` images of seed ``config.seed``), normalised
         with the dataset's mean and std, and the dataset's reviewed outliers
-        (``bundle.extra["outliers"]``, uint8 ``(R, 1, 28, 28)``) when it has any. Only for
-        1-channel 28×28 data (the generators' size)."""
+        (``bundle.extra["outliers"]``, uint8 ``(R, 1, 28, 28)``) when it has any; with
+        ``outlier_overlays`` a pool of overlaid training-digit pairs. Only for 1-channel 28×28
+        data (the generators' size)."""
         from models.data_ood import outlier_exposure_set
 
         if bundle.in_channels != 1 or tuple(bundle.input_size) != (28, 28):
@@ -82,35 +117,101 @@ class OutlierExposure:
                 "outlier_exposure needs 1-channel 28x28 images (its outliers are MNIST-sized); "
                 f"this dataset has {bundle.in_channels} channel(s) of {bundle.input_size}"
             )
+        prepare = bool(getattr(config, "outlier_prepare", False))
         images, _ = outlier_exposure_set(config.outlier_pool, seed=config.seed)
-        x = torch.from_numpy(images).float().div_(255.0).unsqueeze(1)
-        x = (x - bundle.mean[0]) / bundle.std[0]
+        if prepare:
+            images = read_outliers(images)
+        x = _normalise(torch.from_numpy(images), bundle)
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 104_729 * (rank + 1))
         reviewed = None
         extra = bundle.extra.get("outliers")
         if extra is not None and len(extra):
-            r = torch.as_tensor(extra).float().div_(255.0).reshape(-1, 1, 28, 28)
-            reviewed = (r - bundle.mean[0]) / bundle.std[0]
-        return cls(x, config.outlier_batch_size, config.outlier_exposure, gen, reviewed)
+            r = torch.as_tensor(extra).reshape(-1, 28, 28)
+            reviewed = _normalise(r, bundle)
+        share = float(getattr(config, "outlier_overlays", 0.0))
+        overlays = classes = None
+        n_overlay = 0
+        if share > 0:
+            digits, labels = _dataset_uint8(bundle.train, bundle)
+            ov_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 15_485_863)
+            ov, classes = overlay_pairs(digits, labels, OVERLAY_POOL, ov_gen)
+            if prepare:
+                ov = torch.from_numpy(read_outliers(ov.numpy()))
+            overlays = _normalise(ov, bundle)
+            n_overlay = max(1, round(share * config.outlier_batch_size))
+        return cls(
+            x,
+            config.outlier_batch_size,
+            config.outlier_exposure,
+            gen,
+            reviewed,
+            getattr(config, "outlier_targets", "uniform"),
+            overlays,
+            classes,
+            n_overlay,
+        )
 
     def batch(self, device: torch.device) -> Tensor:
-        """A random batch of the pool (:attr:`reviewed_per_batch` of it from the reviewed
-        outliers), each image mirrored and/or turned by a multiple of 90° at random (outliers
-        have no orientation to keep)."""
-        n_rev = self.reviewed_per_batch
-        idx = torch.randint(
-            self.pool.shape[0], (self.batch_size - n_rev,), generator=self.generator
-        )
+        """A random batch: :attr:`overlays_per_batch` overlaid pairs first (their classes in
+        :attr:`last_overlay_classes`), then :attr:`reviewed_per_batch` reviewed outliers, then
+        the generated pool; the non-overlay images are mirrored and/or turned by a multiple of
+        90° at random (outliers have no orientation to keep)."""
+        n_ov, n_rev = self.overlays_per_batch, self.reviewed_per_batch
+        n_gen = self.batch_size - n_ov - n_rev
+        idx = torch.randint(self.pool.shape[0], (n_gen,), generator=self.generator)
         x = self.pool[idx]
         if n_rev:
             assert self.reviewed is not None
             ridx = torch.randint(self.reviewed.shape[0], (n_rev,), generator=self.generator)
             x = torch.cat([self.reviewed[ridx], x])
-        flip = torch.rand(self.batch_size, generator=self.generator) < 0.5
+        n = x.shape[0]
+        flip = torch.rand(n, generator=self.generator) < 0.5
         x[flip] = x[flip].flip(-1)
-        turn = torch.rand(self.batch_size, generator=self.generator) < 0.5
+        turn = torch.rand(n, generator=self.generator) < 0.5
         x[turn] = x[turn].transpose(-1, -2)
+        self.last_overlay_classes = None
+        if n_ov:
+            assert self.overlays is not None and self.overlay_classes is not None
+            oidx = torch.randint(self.overlays.shape[0], (n_ov,), generator=self.generator)
+            x = torch.cat([self.overlays[oidx], x])
+            self.last_overlay_classes = self.overlay_classes[oidx]
         return x.to(device, non_blocking=True)
+
+    def member_targets(self, n: int, members: int, classes: int) -> Tensor:
+        """``(n, M)`` target classes of the members on a batch of ``n`` outliers whose first
+        :attr:`overlays_per_batch` are overlays (``disagree``): an overlay's members alternate
+        between its two classes (which one starts is drawn); another outlier's member ``m``
+        gets ``(r + m) mod C``, ``r`` drawn per image."""
+        m = torch.arange(members)
+        r = torch.randint(classes, (n, 1), generator=self.generator)
+        t = (r + m) % classes
+        n_ov = self.overlays_per_batch
+        if n_ov:
+            pair = self.last_overlay_classes  # (n_ov, 2)
+            assert pair is not None
+            start = torch.randint(2, (n_ov, 1), generator=self.generator)
+            t[:n_ov] = pair.gather(1, (start + m) % 2)
+        return t
+
+    def outlier_loss(self, out: EnsembleOutput, log_p: Tensor) -> Tensor:
+        """The outliers' part of the loss (before ``weight``), mean over the outlier batch."""
+        n_ov = self.overlays_per_batch
+        if self.targets == "disagree":
+            b, m, c = out.p.shape
+            t = self.member_targets(b, m, c).to(out.p.device)
+            log_r = log_p if out.q is None else torch.log(out.q.clamp_min(1e-12))
+            return -log_r.gather(2, t.unsqueeze(-1)).mean()
+        gen = EnsembleOutput(out.p[n_ov:], None if out.q is None else out.q[n_ov:])
+        loss = uniform_cross_entropy(gen, log_p[n_ov:]) * (out.p.shape[0] - n_ov)
+        if n_ov:
+            pair = self.last_overlay_classes
+            assert pair is not None
+            if out.q is not None:
+                log_mix = torch.log(out.q[:n_ov].mean(dim=1).clamp_min(1e-12))
+            else:
+                log_mix = torch.logsumexp(log_p[:n_ov], dim=1) - math.log(log_p.shape[1])
+            loss = loss - 0.5 * log_mix.gather(1, pair.to(log_mix.device)).sum()
+        return loss / out.p.shape[0]
 
     def loss(self, net: nn.Module, x: Tensor, y: Tensor, loss_kind: str) -> Tensor:
         """The digits' training loss plus ``weight`` × the outliers' uniform cross-entropy.
@@ -134,9 +235,65 @@ class OutlierExposure:
             out, log_p = net(torch.cat([x, x_out]), return_log_p=True)
         id_out = EnsembleOutput(out.p[:b], None if out.q is None else out.q[:b])
         ood_out = EnsembleOutput(out.p[b:], None if out.q is None else out.q[b:])
-        return mixture_nll(id_out, log_p[:b], y, loss_kind) + self.weight * uniform_cross_entropy(
+        return mixture_nll(id_out, log_p[:b], y, loss_kind) + self.weight * self.outlier_loss(
             ood_out, log_p[b:]
         )
+
+
+#: Overlaid digit pairs drawn once per run (``outlier_overlays``): about one per training digit.
+OVERLAY_POOL = 6000
+
+
+def _normalise(images: Tensor, bundle: DataBundle) -> Tensor:
+    """uint8 ``(N, 28, 28)`` → float ``(N, 1, 28, 28)`` normalised like the digits."""
+    x = images.float().div_(255.0).unsqueeze(1)
+    return (x - bundle.mean[0]) / bundle.std[0]
+
+
+def _dataset_uint8(dataset, bundle: DataBundle) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """A normalised 1-channel dataset's images back as uint8 ``(N, 28, 28)`` and labels ``(N,)``
+    (normalisation is exact to the pixel: ``models.data.normalise_uint8`` of uint8 values)."""
+    from torch.utils.data import DataLoader
+
+    x, y = next(iter(DataLoader(dataset, batch_size=len(dataset), shuffle=False)))
+    u = (x[:, 0] * bundle.std[0] + bundle.mean[0]).mul_(255.0).round_().clamp_(0, 255)
+    return u.to(torch.uint8), y.long()
+
+
+def overlay_pairs(
+    digits: Tensor, labels: Tensor, n: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """``n`` images of two digits of different classes overlaid (pixelwise max; the second
+    shifted by up to 2 px each way) and their classes ``(n, 2)``; ``digits`` uint8 (N, H, W)."""
+    if labels.unique().numel() < 2:
+        raise ValueError("outlier_overlays needs training digits of at least two classes")
+    i = torch.randint(len(labels), (n,), generator=generator)
+    j = torch.randint(len(labels), (n,), generator=generator)
+    same = labels[i] == labels[j]
+    while same.any():  # redraw the partner of a same-class pair
+        j[same] = torch.randint(len(labels), (int(same.sum()),), generator=generator)
+        same = labels[i] == labels[j]
+    shift = torch.randint(-2, 3, (n, 2), generator=generator)
+    second = torch.stack(
+        [
+            torch.roll(digits[b], (int(dy), int(dx)), (0, 1))
+            for b, (dy, dx) in zip(j, shift, strict=True)
+        ]
+    )
+    return torch.maximum(digits[i], second), torch.stack([labels[i], labels[j]], 1)
+
+
+def read_outliers(images: np.ndarray) -> np.ndarray:
+    """uint8 ``(N, 28, 28)`` outliers as the server reads an upload
+    (:func:`models.prepare.canonicalise`); an image it finds no digit in is kept as drawn."""
+    from models.prepare import Finding, canonicalise
+
+    out = np.array(images, dtype=np.uint8, copy=True)
+    for k in range(out.shape[0]):
+        read = canonicalise(torch.from_numpy(out[k]))
+        if read.finding == Finding.ok:
+            out[k] = read.image[0].numpy()
+    return out
 
 
 def _bn_on_first(m: nn.modules.batchnorm._BatchNorm, x: Tensor, n: int) -> Tensor:

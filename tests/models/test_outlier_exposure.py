@@ -11,7 +11,7 @@ import torch
 
 from models.ensembles import EnsembleOutput
 from models.training import TrainConfig, train
-from models.training.outliers import uniform_cross_entropy
+from models.training.outliers import OutlierExposure, overlay_pairs, uniform_cross_entropy
 
 
 def test_uniform_cross_entropy_is_log_c_at_the_uniform_and_larger_elsewhere() -> None:
@@ -89,3 +89,101 @@ def test_batchnorm_recalibration_sets_the_population_statistics() -> None:
         bn.running_var, feats.var((0, 2, 3), unbiased=True), rtol=5e-2, atol=1e-3
     )
     assert bn.momentum == 0.1 and int(bn.num_batches_tracked) == 0 and net.training
+
+
+def _exposure(targets: str, overlays: int = 0) -> OutlierExposure:
+    pool = torch.zeros(8, 1, 28, 28)
+    ov = torch.ones(4, 1, 28, 28) if overlays else None
+    classes = torch.tensor([[3, 7], [1, 2], [0, 9], [4, 5]]) if overlays else None
+    return OutlierExposure(
+        pool, 6, 1.0, torch.Generator().manual_seed(0), None, targets, ov, classes, overlays
+    )
+
+
+def test_disagreeing_members_spread_over_every_class_and_split_an_overlay_between_its_two() -> None:
+    """outlier_targets=disagree: on a generated outlier the M = C members are asked for C
+    different classes (a flat mean); on an overlay they alternate between its two classes."""
+    oe = _exposure("disagree", overlays=2)
+    x = oe.batch(torch.device("cpu"))
+    assert x.shape == (6, 1, 28, 28) and bool((x[:2] == 1).all()) and bool((x[2:] == 0).all())
+    pair = oe.last_overlay_classes
+    t = oe.member_targets(6, 10, 10)
+    for row in t[2:]:
+        assert sorted(row.tolist()) == list(range(10))  # one member per class
+    for row, (a, b) in zip(t[:2], pair.tolist(), strict=True):
+        assert set(row[0::2].tolist()) | set(row[1::2].tolist()) == {a, b}
+        assert len(set(row[0::2].tolist())) == 1 and row[0] != row[1]
+
+
+def test_the_disagree_loss_is_the_members_cross_entropy_to_their_own_targets() -> None:
+    """E_{i,m}[-log r_{i,m,t_im}], hand-checked: members that each put 0.9 on their own target
+    score -log 0.9; the same members all agreeing on one class score far worse."""
+    oe = _exposure("disagree")
+    gen_state = oe.generator.get_state()
+    t = oe.member_targets(6, 10, 10)
+    own = torch.full((6, 10, 10), 0.1 / 9).scatter_(2, t.unsqueeze(-1), 0.9)
+    oe.generator.set_state(gen_state)  # the loss draws the same targets
+    loss = oe.outlier_loss(EnsembleOutput(own, own), own.log())
+    assert float(loss) == pytest.approx(-math.log(0.9), rel=1e-6)
+    agree = torch.full((6, 10, 10), 0.1 / 9)
+    agree[..., 0] = 0.9
+    oe.generator.set_state(gen_state)
+    assert float(oe.outlier_loss(EnsembleOutput(agree, agree), agree.log())) > 3.0
+
+
+def test_uniform_targets_ask_an_overlay_for_half_of_each_of_its_classes() -> None:
+    """outlier_targets=uniform with overlays: generated outliers score the uniform cross-entropy,
+    an overlay −½(log r̄_a + log r̄_b); hand-computed on a flat answer: log 10 for every row."""
+    oe = _exposure("uniform", overlays=2)
+    oe.batch(torch.device("cpu"))
+    flat = torch.full((6, 3, 10), 0.1)
+    assert float(oe.outlier_loss(EnsembleOutput(flat, flat), flat.log())) == pytest.approx(
+        math.log(10)
+    )
+
+
+def test_overlay_pairs_are_two_digits_of_different_classes() -> None:
+    digits = torch.zeros(20, 28, 28, dtype=torch.uint8)
+    labels = torch.arange(20) % 4
+    for k in range(20):
+        digits[k, 4 + 6 * (k % 4), 5:20] = 50 + k  # a bar per class, rows 6 apart
+    ov, pairs = overlay_pairs(digits, labels, 200, torch.Generator().manual_seed(1))
+    assert ov.shape == (200, 28, 28) and bool((pairs[:, 0] != pairs[:, 1]).all())
+    # both bars drawn whole: a shift of at most 2 px never lays one class's row on another's
+    assert bool(((ov > 0).flatten(1).sum(1) == 30).all())
+    with pytest.raises(ValueError, match="two classes"):
+        overlay_pairs(digits, torch.zeros(20, dtype=torch.long), 4, torch.Generator())
+
+
+def test_a_calibration_split_is_carved_from_train_stratified_and_calibrates_with_val(
+    tmp_path: Path,
+) -> None:
+    """calibration_split: that share of the training digits, stratified and disjoint from what
+    trains, joins the validation split in calibrating abstain_k (the card's n_samples)."""
+    from models.data import load_dataset
+    from models.training.data import carve_calibration
+
+    bundle = load_dataset("mnist-bundled")
+    carved = carve_calibration(bundle, 0.125)
+    assert len(carved.calib) == 700 and len(carved.train) == 4900 and carved.val is bundle.val
+    assert not set(carved.calib.indices) & set(carved.train.indices)
+    counts = torch.bincount(torch.stack([bundle.train[i][1] for i in carved.calib.indices]))
+    assert int(counts.min()) >= 60 and int(counts.max()) <= 80  # ~70 per class
+    config = TrainConfig(
+        name="tiny-doe",
+        max_train_samples=256,
+        epochs=1,
+        members=10,
+        batch_size=64,
+        vgn=True,
+        outlier_exposure=1.0,
+        outlier_batch_size=16,
+        outlier_pool=64,
+        outlier_targets="disagree",
+        outlier_overlays=0.25,
+        outlier_prepare=True,
+        calibration_split=0.25,
+        device="cpu",
+    )
+    card = json.loads((train(config, tmp_path / "m") / "model_card.json").read_text())
+    assert card["abstain_calibration"]["n_samples"] == 800 + 64  # val + a quarter of 256
