@@ -40,6 +40,13 @@
 6. **Connections per front end are capped.** A connection beyond ``max_connections``
    (``VGE_MAX_CONNECTIONS``) gets a JSON 503 ``too_many_connections`` at once and a lingering
    close; it never reaches the parser nor counts against the cap.
+7. **A response's head and body go out in one write.** uvicorn writes a response's status line
+   and headers, then its body, each with its own ``transport.write``: two ``send`` calls and two
+   TCP segments (the socket has ``TCP_NODELAY``) per answer, and a client that may wake for each.
+   The head of a response with a ``Content-Length`` and a body to come is held and written with
+   the body's first bytes (:class:`_Transport`); anything else the connection does (close,
+   half-close, the end of the response) writes a held head first, so bytes are never reordered
+   nor dropped, only joined.
 """
 
 from __future__ import annotations
@@ -67,22 +74,64 @@ class _HeadTooLarge(Exception):
 class _Transport:
     """The transport uvicorn is given: the real one, except that :meth:`close` while the request
     body is still arriving lingers (:meth:`FrontendHttpProtocol.linger`), and does nothing once
-    lingering (the linger ends on its own: the client's EOF or the timer). ``write`` and the flow
-    control calls are the real transport's bound methods; ``is_closing`` is one Python call more
-    per response."""
+    lingering (the linger ends on its own: the client's EOF or the timer), and that a response's
+    head is written together with its body (module doc, 7: :meth:`write`). The flow control
+    calls are the real transport's bound methods; ``is_closing`` is one Python call more per
+    response."""
+
+    __slots__ = ("_transport", "_protocol", "_write", "_held", "_seen", "get_extra_info",
+                 "pause_reading", "resume_reading")  # fmt: skip
 
     def __init__(self, transport: asyncio.Transport, protocol: FrontendHttpProtocol) -> None:
         self._transport = transport
         self._protocol = protocol
-        self.write = transport.write
+        self._write = transport.write
+        self._held: bytes | None = None  # a response head waiting for its body
+        self._seen: object = None  # the last response (uvicorn's cycle) that wrote anything
         self.get_extra_info = transport.get_extra_info
         self.pause_reading = transport.pause_reading
         self.resume_reading = transport.resume_reading
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data``, after a held head; hold it instead when it is the head of a response
+        whose body is still to come: the first write of a started, incomplete response that
+        has a Content-Length over 0 and is not an answer to HEAD (uvicorn writes no body then).
+        uvicorn writes the head as soon as the app starts the response, so a held head always
+        has a write, a close or the response's end after it (each writes it)."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._write(held + data)
+            return
+        cycle = self._protocol.cycle
+        if cycle is not None and cycle.response_started and cycle is not self._seen:
+            self._seen = cycle
+            if (
+                cycle.chunked_encoding is False
+                and cycle.expected_content_length > 0
+                and not cycle.response_complete
+                and cycle.scope["method"] != "HEAD"
+            ):
+                self._held = bytes(data)
+                return
+        self._write(data)
+
+    def flush(self) -> None:
+        """Write a held head now (the response ends, or the connection closes or half-closes)."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._write(held)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
 
     def is_closing(self) -> bool:
         return self._protocol.lingering or self._transport.is_closing()
 
     def close(self) -> None:
+        self.flush()
         protocol = self._protocol
         if protocol.lingering:
             return  # e.g. uvicorn's shutdown: cutting the linger short would reset the answer
@@ -232,6 +281,7 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         if message is None:
             self._client_timer = self.loop.call_later(left, self._client_clock)
             return
+        self._flush()
         if cycle is None or not cycle.response_started:
             self._real.write(
                 raw_error_response(
@@ -245,8 +295,19 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         return not self.lingering and cycle is not None and cycle.more_body
 
+    def _flush(self) -> None:
+        """Write a response head :class:`_Transport` holds, before writing past it."""
+        transport = self.transport
+        if isinstance(transport, _Transport):
+            transport.flush()
+
+    def on_response_complete(self) -> None:
+        self._flush()  # (a complete response has written its head already: a safety net)
+        super().on_response_complete()
+
     def linger(self) -> None:
         """Half-close after the answer, drop what still arrives, close when the client does."""
+        self._flush()
         self.lingering = True
         transport = self._real
         try:
@@ -279,6 +340,7 @@ class FrontendHttpProtocol(HttpToolsProtocol):
 
     def _refuse_head(self, size: int | None) -> None:
         """A 431 (a 414 for a URL alone over httptools' limit) and a lingering close."""
+        self._flush()
         if len(getattr(self, "url", b"") or b"") > MAX_URL_BYTES:
             status, code = 414, "uri_too_long"
             detail = f"request URL too long: it exceeds the maximum of {MAX_URL_BYTES} bytes"
@@ -347,6 +409,7 @@ class FrontendHttpProtocol(HttpToolsProtocol):
         # or, for an error in uvicorn's own callback, in its context (a URL over 64 KiB, which
         # httptools.parse_url refuses, is then a 414, not "User callback error").
         reason = sys.exc_info()[1]
+        self._flush()
         cause = reason.__context__ if reason is not None else None
         if isinstance(cause, _HeadTooLarge):
             self._refuse_head(cause.args[0])

@@ -351,3 +351,91 @@ def test_connections_over_the_cap_get_a_503(strict: _Server) -> None:
     with strict.connect() as sock:  # below the cap again: served
         sock.sendall(b"GET /read HTTP/1.1\r\nhost: x\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 200 ")
+
+
+class _Recorder:
+    """A transport that records every ``write`` (and passes everything to the real one)."""
+
+    def __init__(self, transport: asyncio.Transport, writes: list[bytes]) -> None:
+        self._transport = transport
+        self._writes = writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._transport, name)
+
+
+def _recording(writes: list[bytes]) -> type[FrontendHttpProtocol]:
+    class Recording(FrontendHttpProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(_Recorder(transport, writes))  # type: ignore[arg-type]
+
+    return Recording
+
+
+def test_a_response_head_and_body_go_out_in_one_write() -> None:
+    writes: list[bytes] = []
+    srv = _Server(_recording(writes))
+    try:
+        with srv.connect() as sock:
+            for _ in range(2):  # keep-alive: each response one write
+                writes.clear()
+                sock.sendall(b"POST /read HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nab")
+                answer = b""
+                while not answer.endswith(b'{"ok": true}'):
+                    answer += sock.recv(65536)
+                assert answer.startswith(b"HTTP/1.1 200 ")
+                assert writes == [answer]
+            # HEAD: uvicorn writes no body, so the head is not held (it would never go out)
+            writes.clear()
+            sock.sendall(b"HEAD /read HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"\r\n\r\n"):
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 ") and writes == [answer]
+            # a close answered early (the 413 path): head and body out, then the close
+            writes.clear()
+            sock.sendall(b"POST /early-close HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n")
+            answer = _until_eof(sock)
+            assert answer.startswith(b"HTTP/1.1 413 ") and answer.endswith(b'{"ok": false}')
+            assert writes == [answer]
+    finally:
+        srv.server.should_exit = True
+        srv.thread.join(10)
+
+
+async def _chunked_app(scope, receive, send) -> None:  # noqa: ANN001
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"one", "more_body": True})
+    await asyncio.sleep(0.05)
+    await send({"type": "http.response.body", "body": b"two"})
+
+
+def test_a_head_without_content_length_is_not_held() -> None:
+    writes: list[bytes] = []
+    config = uvicorn.Config(_chunked_app, host="127.0.0.1", port=0, http=_recording(writes),
+                            lifespan="off", log_level="warning")  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"0\r\n\r\n"):
+                answer += sock.recv(65536)
+        assert b"transfer-encoding: chunked" in writes[0] and writes[0].endswith(b"\r\n\r\n")
+        assert b"".join(writes) == answer and len(writes) == 3
+    finally:
+        server.should_exit = True
+        thread.join(10)
