@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import typing
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr, ValidationError
 
 from models.problems import validation_problems
+from service.cli.flags import flag_name, is_type, metavar, shown_default
 
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
@@ -36,55 +35,14 @@ def cli_fields() -> dict[str, FieldInfo]:
     }
 
 
-def flag_name(field: str) -> str:
-    return f"--{field.replace('_', '-')}"
-
-
-def _choices(annotation: Any) -> tuple[Any, ...] | None:
-    """A ``Literal``'s values (also inside ``X | None``), else None."""
-    if typing.get_origin(annotation) is Literal:
-        return typing.get_args(annotation)
-    for arg in typing.get_args(annotation):
-        if (found := _choices(arg)) is not None:
-            return found
-    return None
-
-
-def _is_type(annotation: Any, typ: type) -> bool:
-    """Whether ``annotation`` is ``typ`` or a union holding it (``SecretStr | None``)."""
-    return annotation is typ or any(_is_type(a, typ) for a in typing.get_args(annotation))
-
-
-def _metavar(field: FieldInfo) -> str:
-    choices = _choices(field.annotation)
-    if choices is None and _is_type(field.annotation, bool):
-        choices = ("true", "false")
-    if choices is not None:
-        return "{" + ",".join(str(c) for c in choices) + "}"
-    for typ, word in ((SecretStr, "SECRET"), (bool, "BOOL"), (int, "INT"), (float, "NUMBER"),
-                      (Path, "PATH")):  # fmt: skip
-        if _is_type(field.annotation, typ):
-            return word
-    return "TEXT"
-
-
-def _shown_default(field: FieldInfo) -> str:
-    default = field.get_default(call_default_factory=True)
-    if default is None:
-        return "unset"
-    if isinstance(default, bool):
-        return str(default).lower()
-    return str(default)
-
-
 def help_text(name: str, field: FieldInfo) -> str:
     """The field's description, then its environment variable and default (never restated by
     hand, so they cannot drift); secrets say to prefer the environment variable."""
     env = f"VGE_{name.upper()}"
     text = (field.description or "").rstrip()
-    if _is_type(field.annotation, SecretStr):
+    if is_type(field.annotation, SecretStr):
         text += f" Secret: prefer {env}, a flag shows in the process list."
-    text += f" ({env}; default: {_shown_default(field)})"
+    text += f" ({env}; default: {shown_default(field)})"
     return text.replace("%", "%%")  # argparse %-formats help strings
 
 
@@ -102,11 +60,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         extra: dict[str, Any] = {}
         if name in _BARE_VALUE:
             extra = {"nargs": "?", "const": _BARE_VALUE[name]}
-        elif _is_type(field.annotation, bool):
+        elif is_type(field.annotation, bool):
             extra = {"nargs": "?", "const": "true"}
         # Values stay strings: Settings validates flags exactly as it does VGE_* variables, and a
         # bad one is the same one-line "invalid settings" error (see run).
-        p.add_argument(flag_name(name), dest=name, type=str, default=None, metavar=_metavar(field),
+        p.add_argument(flag_name(name), dest=name, type=str, default=None, metavar=metavar(field),
                        help=help_text(name, field), **extra)  # fmt: skip
     p.set_defaults(func=run, handler=run)
     return p
