@@ -183,3 +183,64 @@ def test_large_bodies_are_parsed_off_the_event_loop() -> None:
         multipart.parse_form = real  # type: ignore[assignment]
     assert a.files == [("a.png", b"png")] and len(b.files[0][1]) == multipart.INLINE_PARSE_BYTES + 1
     assert threads[0] == "MainThread" and threads[1] != "MainThread"
+
+
+def _outcome(body: bytes, **kwargs: object) -> tuple[object, ...]:
+    try:
+        form = parse_form(body, CT, **kwargs)  # type: ignore[arg-type]
+    except ServiceError as exc:
+        return ("error", type(exc).__name__, str(exc))
+    return ("form", form.files, form.fields)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    b'Content-Disposition: form-data; name="images"; filename="a.png"',
+                    b'Content-Disposition:form-data; name="images"',
+                    b'content-disposition:   form-data; name="top_k"',
+                    b'Content-Disposition: form-data; name="img"; filename="x.png"',
+                    b'Content-Disposition: form-data; name="images"; filename=""',
+                    b"Content-Type: image/png",
+                    b"X-Odd : v",
+                    b"no colon",
+                    b"",
+                    b"A:\tb",
+                ]
+            ),  # fmt: skip
+            st.binary(max_size=12) | st.sampled_from([b"3", b"\r\n--b", b"\r\n--bb", b"\xff"]),
+        ),
+        max_size=6,
+    ),
+    st.sampled_from([b"--", b"--\r\n", b"--epilogue", b"", b"\r\n", b"x"]),
+    st.sampled_from([(1, 1, None), (2, 2, None), (64, 64, 3), (1, 64, 0)]),
+    st.integers(min_value=-1, max_value=400),
+    st.binary(max_size=3),
+)
+def test_the_plain_body_fast_path_answers_as_python_multipart(
+    parts: list[tuple[bytes, bytes]], end: bytes, limits: tuple[int, int, int | None],
+    cut: int, noise: bytes,
+) -> None:  # fmt: skip
+    """Plain bodies are cut without python-multipart (service.frontend.multipart._split_plain);
+    for any body, plain or not, the files, fields or error are python-multipart's."""
+    from service.frontend import multipart
+
+    body = (
+        b"--b\r\n" + b"\r\n--b\r\n".join(h + b"\r\n\r\n" + d for h, d in parts) + b"\r\n--b" + end
+    )
+    if cut >= 0:  # a byte or three inserted somewhere: mostly not plain any more
+        body = body[:cut] + noise + body[cut:]
+    max_files, max_fields, max_parts = limits
+    kwargs = {"max_files": max_files, "max_fields": max_fields, "file_field": "images",
+              "max_parts": max_parts}  # fmt: skip
+    fast = _outcome(body, **kwargs)
+    real = multipart._split_plain
+    try:
+        multipart._split_plain = lambda *a: None  # type: ignore[assignment]
+        slow = _outcome(body, **kwargs)
+    finally:
+        multipart._split_plain = real
+    assert fast == slow
