@@ -17,6 +17,14 @@ reports:
 * the reading's CPU per image (in this process, one thread): an MNIST digit (served as sent), a
   28×28 digit off centre, photos of 100, 300 and 3000×2000 px.
 
+With ``--model NAME`` it serves that model (``VGE_MODEL_DIR``) instead of the default, and
+``--section`` names the docs/benchmarks.md section written (default: the issue 32 one). The OOD
+table also gives, per group, "deferred or right" for the labelled near groups (issue 33:
+shrunk digits ≥ 98 %), and, far groups pooled against the in-distribution digits, the AUROC of
+the served scores: VGMU, 1 − max prob, TU and EU, each twice — as served (an image the reading
+finds no digit in ranks most uncertain, as it is answered) and on the images read as digits
+alone (the model's own score, what issue 33's "EU alone" asks).
+
 ``--write`` replaces the section in docs/benchmarks.md.
 """
 
@@ -51,8 +59,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve() -> Iterator[str]:
-    """A plain ``vge serve`` (defaults but a fresh state directory and a loopback port)."""
+def serve(model: str | None = None) -> Iterator[str]:
+    """A plain ``vge serve`` (defaults but a fresh state directory and a loopback port; ``model``
+    sets ``VGE_MODEL_DIR``)."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="vge-inputs-") as state:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
@@ -61,6 +70,8 @@ def serve() -> Iterator[str]:
             VGE_JOBS_DB_URL=f"sqlite:///{state}/jobs.sqlite3", VGE_JOBS_DIR=f"{state}/jobs",
             VGE_MODELS_ROOT=f"{state}/models", VGE_DEVICE="cpu",
         )  # fmt: skip
+        if model:
+            env["VGE_MODEL_DIR"] = model
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli.serve"], cwd=state, env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -129,6 +140,38 @@ def _wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return centre - half, centre + half
 
 
+def _scores(rows: list[dict]) -> dict[str, np.ndarray]:
+    """The served scores of ``rows`` (higher = more uncertain) and which were read as digits."""
+    return {
+        "vgmu": np.array([r["vgmu"] for r in rows]),
+        "max_prob": np.array(
+            [1 - max(lp["probability"] for lp in r["probabilities"]) for r in rows]
+        ),
+        "tu": np.array([r["tu"] for r in rows]),
+        "eu": np.array([r["eu"] for r in rows]),
+        "read": np.array([r["input_check"] == "ok" for r in rows]),
+    }
+
+
+def _aurocs(id_rows: list[dict], ood_rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """Per score, the OOD AUROC (OOD positive) as served — an image without a digit ranks most
+    uncertain, as it is answered — and on the OOD images read as digits alone."""
+    from sklearn.metrics import roc_auc_score
+
+    a, b = _scores(id_rows), _scores(ood_rows)
+    out = {}
+    for name in ("vgmu", "max_prob", "tu", "eu"):
+        served = np.where(b["read"], b[name], np.inf)
+        served = np.nan_to_num(served, posinf=1e9)
+        y = np.r_[np.zeros(a[name].size), np.ones(served.size)]
+        auc_served = roc_auc_score(y, np.r_[a[name], served])
+        read = b[name][b["read"]]
+        y2 = np.r_[np.zeros(a[name].size), np.ones(read.size)]
+        auc_read = roc_auc_score(y2, np.r_[a[name], read]) if read.size else float("nan")
+        out[name] = (float(auc_served), float(auc_read))
+    return out
+
+
 def reading_cost() -> list[tuple[str, float]]:
     """µs of CPU per image of :func:`models.prepare.canonicalise` (one thread)."""
     from PIL import Image
@@ -181,11 +224,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--per-family", type=int, default=200, help="photographed digits per family")
     ap.add_argument("--per-group", type=int, default=500, help="OOD suite images per group")
+    ap.add_argument(
+        "--model", default=None, help="serve this model (VGE_MODEL_DIR); default: the default"
+    )
+    ap.add_argument(
+        "--section", default="Input pipeline (issue 32)", help="docs/benchmarks.md section"
+    )
     ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     args = ap.parse_args(argv)
 
     from models.data import bundled_split, load_bundled_mnist, load_holdout_mnist
-    from models.data_ood import ABSTAIN_TARGETS, ood_suite
+    from models.data_ood import ABSTAIN_TARGETS, FAR_GROUPS, ood_suite
+    from models.data_ood.suite import DEFERRED_OR_RIGHT_TARGETS, ood_suite_labels
     from models.data_photos import FAMILIES, HANDWRITTEN, photo_digits
 
     photos = photo_digits(args.per_family)
@@ -193,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     test = bundled_split()["test"]
     hx, hy = load_holdout_mnist()
     suite = ood_suite(args.per_group, seed=0)
+    suite_labels = ood_suite_labels(args.per_group, seed=0)
     lines: list[str] = []
-    with serve() as url:
+    with serve(args.model) as url:
         models = httpx.get(url + "/v1/models", timeout=10).json()["models"][0]
         lines.append(f"Served: `{models['name']}` {models['version']} at its calibrated "
                      f"abstain_k = {models['abstain_k']:.4g}, through a real `vge serve` "
@@ -236,8 +287,10 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {name} | {r['n']} | {r['accuracy']:.4f} | {r['accepted_correct']:.4f} | "
                          f"{r['deferral']:.2%} ({lo:.2%}–{hi:.2%}) |")  # fmt: skip
         lines += ["", f"### OOD suite (seed 0, {args.per_group} per group, sent as PNG): abstain rate",
-                  "", "| group | target | prepare=none (before) | prepare=mnist (served) | no digit found |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+                  "", "| group | target | prepare=none (before) | prepare=mnist (served) | "
+                  "deferred or right (served) | no digit found |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        far_rows: list[dict] = []
         for group, imgs in suite.items():
             blobs = [_png(im) for im in imgs]
             before = predict(url, blobs, "none")
@@ -245,9 +298,25 @@ def main(argv: list[str] | None = None) -> int:
             rate_b = np.mean([r["abstain"] for r in before])
             rate_a = np.mean([r["abstain"] for r in after])
             found = sum(r["input_check"] != "ok" for r in after)
+            if group in FAR_GROUPS:
+                far_rows += after
             target = ABSTAIN_TARGETS.get(group)
-            lines.append(f"| {group} | {'' if target is None else f'≥ {target:.0%}'} | "
-                         f"{rate_b:.1%} | {rate_a:.1%} | {found} |")  # fmt: skip
+            dor = ""
+            if group in suite_labels and suite_labels[group].ndim == 1:
+                right = np.array([r["prediction"] for r in after]) == suite_labels[group]
+                dor = f"{np.mean(right | np.array([r['abstain'] for r in after])):.1%}"
+            if group in DEFERRED_OR_RIGHT_TARGETS:
+                target_text = f"≥ {DEFERRED_OR_RIGHT_TARGETS[group]:.0%} deferred or right"
+            else:
+                target_text = "" if target is None else f"≥ {target:.0%}"
+            lines.append(f"| {group} | {target_text} | {rate_b:.1%} | {rate_a:.1%} | {dor} | "
+                         f"{found} |")  # fmt: skip
+        lines += ["", "### Far OOD pooled against the pooled digits: AUROC of the served scores",
+                  "", "| score | as served (no digit = most uncertain) | on images read as digits |",
+                  "|---|---|---|"]  # fmt: skip
+        names = {"vgmu": "VGMU", "max_prob": "1 − max prob", "tu": "TU", "eu": "EU"}
+        for name, (served, read) in _aurocs(test_rows + hold_rows, far_rows).items():
+            lines.append(f"| {names[name]} | {served:.4f} | {read:.4f} |")
     lines += ["", "### The reading's CPU per image (models.prepare.canonicalise, 1 thread)", "",
               "| input | µs |", "|---|---|"]  # fmt: skip
     for name, us in reading_cost():
@@ -257,7 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from benchmarks.report import write_section
 
-        write_section("Input pipeline (issue 32)", "python -m benchmarks.inputs --write", body)
+        command = "python -m benchmarks.inputs" + (f" --model {args.model}" if args.model else "")
+        command += (
+            "" if args.section == ap.get_default("section") else f' --section "{args.section}"'
+        )
+        write_section(args.section, command + " --write", body)
     return 0
 
 

@@ -25,7 +25,9 @@ from models.data_ood.suite import LATIN
 
 __all__ = [
     "OUTLIER_CHARS",
+    "OUTLIER_CM_FONTS",
     "OUTLIER_FAMILIES",
+    "OUTLIER_FAMILIES_V2",
     "OUTLIER_FONTS",
     "OUTLIER_PHOTOS",
     "OUTLIER_TAG",
@@ -74,22 +76,40 @@ OUTLIER_FAMILIES: dict[str, tuple[float, Callable[[np.random.Generator], np.ndar
 }
 
 
-def outlier_exposure_set(n: int = 12000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+#: Computer Modern faces (matplotlib's TeX fonts): a second style of printed Latin letters,
+#: added in version 2 of the set (none of them is a suite font).
+OUTLIER_CM_FONTS = ("cmr10.ttf", "cmss10.ttf", "cmb10.ttf", "cmti10.ttf", "cmtt10.ttf")
+#: Version 2 of the set (``TrainConfig.outlier_set``, issue 33): version 1's families plus Latin
+#: letters in the Computer Modern faces, so that more letter styles than two font families are
+#: seen. Version 1 stays what the models trained on it drew.
+OUTLIER_FAMILIES_V2: dict[str, tuple[float, Callable[[np.random.Generator], np.ndarray]]] = {
+    **OUTLIER_FAMILIES,
+    "cm_letters": (0.15, lambda rng: render.glyph(rng, LATIN, OUTLIER_CM_FONTS)),
+}
+
+
+def outlier_exposure_set(
+    n: int = 12000, seed: int = 0, version: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """``n`` outlier images uint8 ``(n, 28, 28)`` and their family index ``(n,)`` (into
     :data:`OUTLIER_FAMILIES`), each family from ``default_rng([OUTLIER_TAG, seed, family])``.
     Constant images (a flat photo crop) are redrawn: those belong to the suite's ``blank`` group.
-    Different seeds give different sets (training uses the config's seed; a validation set for
+    ``version`` 2 adds :data:`OUTLIER_FAMILIES_V2`'s Computer Modern letters (family indices
+    then index that dict). Different seeds give different sets (training uses the config's seed; a validation set for
     choosing the outlier-exposure recipe uses another)."""
     if n < 1:
         raise ValueError(f"n must be >= 1; got {n}")
-    names = list(OUTLIER_FAMILIES)
-    shares = np.array([OUTLIER_FAMILIES[f][0] for f in names])
+    families = {1: OUTLIER_FAMILIES, 2: OUTLIER_FAMILIES_V2}.get(version)
+    if families is None:
+        raise ValueError(f"outlier set version must be 1 or 2; got {version}")
+    names = list(families)
+    shares = np.array([families[f][0] for f in names])
     counts = np.floor(shares / shares.sum() * n).astype(int)
     counts[0] += n - counts.sum()
     images, family = [], []
     for i, (name, count) in enumerate(zip(names, counts, strict=True)):
         rng = np.random.default_rng([OUTLIER_TAG, seed, i])
-        draw = OUTLIER_FAMILIES[name][1]
+        draw = families[name][1]
         for _ in range(count):
             img = draw(rng)
             while img.min() == img.max():  # a flat crop is a blank image: the suite's, not ours

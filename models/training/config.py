@@ -132,6 +132,11 @@ class TrainConfig(ArchitectureSpec):
     )
     outlier_batch_size: int = Field(64, ge=1, le=LIMITS["batch_size"])
     outlier_pool: int = Field(12000, ge=1, le=100_000)
+    outlier_set: Literal[1, 2] = Field(
+        1,
+        description="version of the generated outlier set (models/data_ood/outliers.py): 1, or "
+        "2 with Latin letters in the Computer Modern faces added",
+    )
     outlier_targets: Literal["uniform", "disagree"] = Field(
         "uniform",
         description="what outlier exposure asks of the members on an outlier: uniform (the "

@@ -24,8 +24,10 @@ is seen once an epoch.
 Two refinements (``TrainConfig.outlier_targets``, ``outlier_overlays``, ``outlier_prepare``):
 
 * **disagreeing members** (``outlier_targets="disagree"``): instead of asking every member for
-  the flat answer, member ``m`` is asked for class ``(r + m) mod C`` on an outlier (``r`` drawn
-  per image), ``E_m[−log r_{m,t_m}]`` on the served members ``r`` (``q`` with VGN). The mean is
+  the flat answer, member ``m`` is asked for class ``(r + m) mod C`` on an outlier (``r`` fixed
+  per pool image for the run: a target a member can learn, as a random one drawn per step is
+  not — its expectation is the flat answer again), ``E_m[−log r_{m,t_m}]`` on the served
+  members ``r`` (``q`` with VGN). The mean is
   still flat (exactly so when C divides M), so the served margin rule defers as before, but now
   the members *disagree* where the data gave them no evidence: the epistemic part of the
   decomposition (EU = TU − AU, §3.3) and the spread that the gate and VGMU read become the
@@ -34,8 +36,8 @@ Two refinements (``TrainConfig.outlier_targets``, ``outlier_overlays``, ``outlie
   idea of diverse/repulsive ensembles (D'Angelo & Fortuin 2021) made explicit and cheap.
 * **overlays** (near OOD): a share of every outlier batch is two training digits of different
   classes ``a ≠ b`` overlaid (pixelwise max, the second shifted by up to 2 px): an image a person
-  would defer. Its target splits the answer between ``a`` and ``b``: half of the members each
-  (disagree), or ½/½ on the mean (uniform).
+  would defer; new pairs every step. Its target splits the answer between ``a < b``: the even
+  members are asked for ``a``, the odd ones for ``b`` (disagree), or ½/½ on the mean (uniform).
 * ``outlier_prepare``: the pool and the overlays are read as the server reads an upload
   (:func:`models.prepare.canonicalise`), so a letter is seen framed like a digit, as served;
   an image the reading refuses (no digit found) is kept as drawn: serving never shows the model
@@ -57,7 +59,6 @@ from models.data import DataBundle
 from models.ensembles import EnsembleOutput
 
 __all__ = [
-    "OVERLAY_POOL",
     "REVIEWED_SHARE",
     "OutlierExposure",
     "overlay_pairs",
@@ -90,10 +91,19 @@ class OutlierExposure:
     reviewed: Tensor | None = None
     #: "uniform" (flat mean) or "disagree" (member m confident on its own class)
     targets: str = "uniform"
-    #: (V, 1, H, W) overlaid digit pairs, normalised, and their two classes (V, 2); None: none
-    overlays: Tensor | None = None
-    overlay_classes: Tensor | None = None
+    #: uint8 (N, 28, 28) training digits and their labels (N,) that overlays are drawn from
+    #: afresh every step; None: no overlays
+    digits: Tensor | None = None
+    digit_labels: Tensor | None = None
     overlays_per_batch: int = 0
+    #: read overlays as served (models.prepare) before normalising them
+    prepare: bool = False
+    #: normalisation of the digits (mean, std), for the overlays made every step
+    norm: tuple[float, float] = (0.0, 1.0)
+    #: ``disagree``: each pool image's fixed class offset r (member m's target (r + m) mod C),
+    #: drawn once per run, so that a member's answer on an outlier is a function it can learn
+    pool_offsets: Tensor | None = None
+    reviewed_offsets: Tensor | None = None
 
     @property
     def reviewed_per_batch(self) -> int:
@@ -118,7 +128,9 @@ class OutlierExposure:
                 f"this dataset has {bundle.in_channels} channel(s) of {bundle.input_size}"
             )
         prepare = bool(getattr(config, "outlier_prepare", False))
-        images, _ = outlier_exposure_set(config.outlier_pool, seed=config.seed)
+        images, _ = outlier_exposure_set(
+            config.outlier_pool, seed=config.seed, version=getattr(config, "outlier_set", 1)
+        )
         if prepare:
             images = read_outliers(images)
         x = _normalise(torch.from_numpy(images), bundle)
@@ -129,16 +141,15 @@ class OutlierExposure:
             r = torch.as_tensor(extra).reshape(-1, 28, 28)
             reviewed = _normalise(r, bundle)
         share = float(getattr(config, "outlier_overlays", 0.0))
-        overlays = classes = None
+        digits = labels = None
         n_overlay = 0
         if share > 0:
             digits, labels = _dataset_uint8(bundle.train, bundle)
-            ov_gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 15_485_863)
-            ov, classes = overlay_pairs(digits, labels, OVERLAY_POOL, ov_gen)
-            if prepare:
-                ov = torch.from_numpy(read_outliers(ov.numpy()))
-            overlays = _normalise(ov, bundle)
+            if labels.unique().numel() < 2:
+                raise ValueError("outlier_overlays needs training digits of at least two classes")
             n_overlay = max(1, round(share * config.outlier_batch_size))
+        offsets = torch.Generator().manual_seed(config.seed * 1_000_003 + 15_485_863)
+        n_classes = bundle.num_classes
         return cls(
             x,
             config.outlier_batch_size,
@@ -146,51 +157,70 @@ class OutlierExposure:
             gen,
             reviewed,
             getattr(config, "outlier_targets", "uniform"),
-            overlays,
-            classes,
+            digits,
+            labels,
             n_overlay,
+            prepare,
+            (bundle.mean[0], bundle.std[0]),
+            torch.randint(n_classes, (x.shape[0],), generator=offsets),
+            None
+            if reviewed is None
+            else torch.randint(n_classes, (reviewed.shape[0],), generator=offsets),
         )
 
     def batch(self, device: torch.device) -> Tensor:
-        """A random batch: :attr:`overlays_per_batch` overlaid pairs first (their classes in
-        :attr:`last_overlay_classes`), then :attr:`reviewed_per_batch` reviewed outliers, then
-        the generated pool; the non-overlay images are mirrored and/or turned by a multiple of
-        90° at random (outliers have no orientation to keep)."""
+        """A random batch: :attr:`overlays_per_batch` overlaid pairs made afresh from the
+        training digits first (their classes in :attr:`last_overlay_classes`), then
+        :attr:`reviewed_per_batch` reviewed outliers, then the generated pool (their fixed
+        offsets in :attr:`last_offsets`); the non-overlay images are mirrored and/or turned by a
+        multiple of 90° at random (outliers have no orientation to keep)."""
         n_ov, n_rev = self.overlays_per_batch, self.reviewed_per_batch
         n_gen = self.batch_size - n_ov - n_rev
         idx = torch.randint(self.pool.shape[0], (n_gen,), generator=self.generator)
         x = self.pool[idx]
+        offsets = [] if self.pool_offsets is None else [self.pool_offsets[idx]]
         if n_rev:
             assert self.reviewed is not None
             ridx = torch.randint(self.reviewed.shape[0], (n_rev,), generator=self.generator)
             x = torch.cat([self.reviewed[ridx], x])
+            if self.reviewed_offsets is not None:
+                offsets.insert(0, self.reviewed_offsets[ridx])
         n = x.shape[0]
         flip = torch.rand(n, generator=self.generator) < 0.5
         x[flip] = x[flip].flip(-1)
         turn = torch.rand(n, generator=self.generator) < 0.5
         x[turn] = x[turn].transpose(-1, -2)
+        self.last_offsets = torch.cat(offsets) if offsets else None
         self.last_overlay_classes = None
         if n_ov:
-            assert self.overlays is not None and self.overlay_classes is not None
-            oidx = torch.randint(self.overlays.shape[0], (n_ov,), generator=self.generator)
-            x = torch.cat([self.overlays[oidx], x])
-            self.last_overlay_classes = self.overlay_classes[oidx]
+            assert self.digits is not None and self.digit_labels is not None
+            ov, pair = overlay_pairs(self.digits, self.digit_labels, n_ov, self.generator)
+            if self.prepare:
+                ov = torch.from_numpy(read_outliers(ov.numpy()))
+            mean, std = self.norm
+            x = torch.cat([(ov.float().div_(255.0).unsqueeze(1) - mean) / std, x])
+            self.last_overlay_classes = pair
         return x.to(device, non_blocking=True)
 
     def member_targets(self, n: int, members: int, classes: int) -> Tensor:
-        """``(n, M)`` target classes of the members on a batch of ``n`` outliers whose first
-        :attr:`overlays_per_batch` are overlays (``disagree``): an overlay's members alternate
-        between its two classes (which one starts is drawn); another outlier's member ``m``
-        gets ``(r + m) mod C``, ``r`` drawn per image."""
+        """``(n, M)`` target classes of the members on the last batch of ``n`` outliers
+        (``disagree``), each a function of the image and the member that the member can learn:
+        on an overlay of classes ``a < b`` the even members are asked for ``a`` and the odd
+        ones for ``b`` (so on any digit between two classes the members split rather than all
+        hedging alike); on another outlier member ``m`` is asked for ``(r + m) mod C`` with the
+        image's fixed offset ``r`` (every member a different class when M ≤ C: a flat mean)."""
         m = torch.arange(members)
-        r = torch.randint(classes, (n, 1), generator=self.generator)
-        t = (r + m) % classes
+        r = self.last_offsets
+        if r is None:  # no fixed offsets (a hand-built instance): one drawn per image
+            r = torch.randint(classes, (n - self.overlays_per_batch,), generator=self.generator)
         n_ov = self.overlays_per_batch
+        t = torch.empty(n, members, dtype=torch.long)
+        t[n_ov:] = (r[:, None] + m) % classes
         if n_ov:
             pair = self.last_overlay_classes  # (n_ov, 2)
             assert pair is not None
-            start = torch.randint(2, (n_ov, 1), generator=self.generator)
-            t[:n_ov] = pair.gather(1, (start + m) % 2)
+            low, high = pair.min(1).values, pair.max(1).values
+            t[:n_ov] = torch.where(m % 2 == 0, low[:, None], high[:, None])
         return t
 
     def outlier_loss(self, out: EnsembleOutput, log_p: Tensor) -> Tensor:
@@ -238,10 +268,6 @@ class OutlierExposure:
         return mixture_nll(id_out, log_p[:b], y, loss_kind) + self.weight * self.outlier_loss(
             ood_out, log_p[b:]
         )
-
-
-#: Overlaid digit pairs drawn once per run (``outlier_overlays``): about one per training digit.
-OVERLAY_POOL = 6000
 
 
 def _normalise(images: Tensor, bundle: DataBundle) -> Tensor:

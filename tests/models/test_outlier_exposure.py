@@ -92,42 +92,56 @@ def test_batchnorm_recalibration_sets_the_population_statistics() -> None:
 
 
 def _exposure(targets: str, overlays: int = 0) -> OutlierExposure:
-    pool = torch.zeros(8, 1, 28, 28)
-    ov = torch.ones(4, 1, 28, 28) if overlays else None
-    classes = torch.tensor([[3, 7], [1, 2], [0, 9], [4, 5]]) if overlays else None
+    """6 outliers a batch: ``overlays`` of them overlaid from 4 one-bar 'digits' of classes
+    3, 7, 1 and 2, the rest from a pool of 8 blank images with fixed offsets 0..7."""
+    digits = torch.zeros(4, 28, 28, dtype=torch.uint8)
+    for k in range(4):
+        digits[k, 4 + 6 * k, 5:20] = 255
     return OutlierExposure(
-        pool, 6, 1.0, torch.Generator().manual_seed(0), None, targets, ov, classes, overlays
+        torch.zeros(8, 1, 28, 28),
+        6,
+        1.0,
+        torch.Generator().manual_seed(0),
+        None,
+        targets,
+        digits if overlays else None,
+        torch.tensor([3, 7, 1, 2]) if overlays else None,
+        overlays,
+        pool_offsets=torch.arange(8),
     )
 
 
 def test_disagreeing_members_spread_over_every_class_and_split_an_overlay_between_its_two() -> None:
     """outlier_targets=disagree: on a generated outlier the M = C members are asked for C
-    different classes (a flat mean); on an overlay they alternate between its two classes."""
+    different classes, from the image's fixed offset (a flat mean, and a target each member can
+    learn); on an overlay of classes a < b the even members are asked for a, the odd for b."""
     oe = _exposure("disagree", overlays=2)
     x = oe.batch(torch.device("cpu"))
-    assert x.shape == (6, 1, 28, 28) and bool((x[:2] == 1).all()) and bool((x[2:] == 0).all())
+    assert x.shape == (6, 1, 28, 28)
+    assert bool((x[:2] > 0).flatten(1).any(1).all()) and bool((x[2:] == 0).all())
     pair = oe.last_overlay_classes
+    offsets = oe.last_offsets
     t = oe.member_targets(6, 10, 10)
-    for row in t[2:]:
-        assert sorted(row.tolist()) == list(range(10))  # one member per class
+    for row, r in zip(t[2:], offsets, strict=True):
+        assert row.tolist() == [(int(r) + m) % 10 for m in range(10)]  # one member per class
     for row, (a, b) in zip(t[:2], pair.tolist(), strict=True):
-        assert set(row[0::2].tolist()) | set(row[1::2].tolist()) == {a, b}
-        assert len(set(row[0::2].tolist())) == 1 and row[0] != row[1]
+        assert a != b
+        assert row[0::2].tolist() == [min(a, b)] * 5 and row[1::2].tolist() == [max(a, b)] * 5
+    again = oe.member_targets(6, 10, 10)  # the same batch: the same targets (nothing drawn)
+    assert torch.equal(again, t)
 
 
 def test_the_disagree_loss_is_the_members_cross_entropy_to_their_own_targets() -> None:
     """E_{i,m}[-log r_{i,m,t_im}], hand-checked: members that each put 0.9 on their own target
     score -log 0.9; the same members all agreeing on one class score far worse."""
     oe = _exposure("disagree")
-    gen_state = oe.generator.get_state()
+    oe.batch(torch.device("cpu"))
     t = oe.member_targets(6, 10, 10)
     own = torch.full((6, 10, 10), 0.1 / 9).scatter_(2, t.unsqueeze(-1), 0.9)
-    oe.generator.set_state(gen_state)  # the loss draws the same targets
     loss = oe.outlier_loss(EnsembleOutput(own, own), own.log())
     assert float(loss) == pytest.approx(-math.log(0.9), rel=1e-6)
     agree = torch.full((6, 10, 10), 0.1 / 9)
     agree[..., 0] = 0.9
-    oe.generator.set_state(gen_state)
     assert float(oe.outlier_loss(EnsembleOutput(agree, agree), agree.log())) > 3.0
 
 
@@ -182,8 +196,30 @@ def test_a_calibration_split_is_carved_from_train_stratified_and_calibrates_with
         outlier_targets="disagree",
         outlier_overlays=0.25,
         outlier_prepare=True,
+        outlier_set=2,
         calibration_split=0.25,
         device="cpu",
     )
     card = json.loads((train(config, tmp_path / "m") / "model_card.json").read_text())
     assert card["abstain_calibration"]["n_samples"] == 800 + 64  # val + a quarter of 256
+
+
+def test_outlier_set_version_2_adds_computer_modern_letters_and_keeps_version_1() -> None:
+    """Version 2 of the generated set adds Latin letters in the Computer Modern faces (drawn,
+    with ink); version 1 is what it was (models trained on it reproduce); others are refused."""
+    from models.data_ood.outliers import (
+        OUTLIER_CM_FONTS,
+        OUTLIER_FAMILIES_V2,
+        outlier_exposure_set,
+    )
+    from models.data_ood.suite import SUITE_FONTS
+
+    assert not set(OUTLIER_CM_FONTS) & set(SUITE_FONTS)
+    v1, fam1 = outlier_exposure_set(200, seed=3)
+    v1_again, _ = outlier_exposure_set(200, seed=3, version=1)
+    assert (v1 == v1_again).all() and fam1.max() == 7
+    v2, fam2 = outlier_exposure_set(200, seed=3, version=2)
+    cm = v2[fam2 == list(OUTLIER_FAMILIES_V2).index("cm_letters")]
+    assert len(cm) == 20 and int((cm.reshape(len(cm), -1) > 128).sum(1).min()) > 20
+    with pytest.raises(ValueError, match="version must be 1 or 2"):
+        outlier_exposure_set(10, version=3)
