@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
 __all__ = [
+    "choice_of",
     "choices",
     "flag_name",
     "is_structured",
@@ -68,6 +70,18 @@ def json_value(text: str) -> Any:
 
 
 json_value.__name__ = "JSON"  # argparse names the type in its error: "invalid JSON value: 'x'"
+
+
+def choice_of(values: tuple[Any, ...]) -> Callable[[str], Any]:
+    """argparse ``type`` of a Literal field: the text as the choice it spells (``"2"`` -> ``2``
+    for ``Literal[1, 2]``); anything else stays text, for argparse's "invalid choice" error."""
+    spelt = {str(v): v for v in values}
+
+    def parse(text: str) -> Any:
+        return spelt.get(text, text)
+
+    parse.__name__ = "choice"
+    return parse
 
 
 def metavar(field: FieldInfo) -> str:

@@ -81,7 +81,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         if flags.is_type(field.annotation, bool):
             kwargs["action"] = argparse.BooleanOptionalAction
         elif (values := flags.choices(field.annotation)) is not None:
-            kwargs.update(choices=values, metavar=flags.metavar(field))
+            kwargs.update(
+                choices=values, type=flags.choice_of(values), metavar=flags.metavar(field)
+            )
         elif flags.is_structured(field.annotation):
             kwargs.update(type=flags.json_value, metavar=flags.metavar(field))
         else:

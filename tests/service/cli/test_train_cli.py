@@ -11,7 +11,7 @@ import pytest
 
 from models.training import TrainConfig
 from service.cli import build_parser, main
-from service.cli.flags import flag_name
+from service.cli.flags import choices, flag_name
 from service.cli.train import _HELP, OWN_FLAGS, add_config_flags, config_from_args
 
 
@@ -67,27 +67,24 @@ def test_flag_kinds_follow_the_field_types() -> None:
 
 def test_every_flag_reaches_the_config() -> None:
     """Each field set by its flag alone, to a value other than its default, is that value in the
-    config built from argv (the bug: --augment was parsed and dropped)."""
+    config built from argv (the bug: --augment was parsed and dropped). Bools and Literals are
+    tried from their types; a new field of another type needs its line in ``values``."""
     values: dict[str, tuple[list[str], object]] = {
         "backbone": (["cnn4"], "cnn4"),
         "backbone_kwargs": (['{"width": 8}'], {"width": 8}),
         "ensemble": (["de"], "de"),
         "members": (["3"], 3),
         "mc_samples": (["4"], 4),
-        "vgn": ([], True),
         "k": (["[0.5, 0.6, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]"], [0.5, 0.6] + [0.5] * 8),
         "name": (["my-model"], "my-model"),
         "version": (["2.0.0"], "2.0.0"),
         "description": (["hello"], "hello"),
         "dataset": (["FashionMNIST"], "FashionMNIST"),
         "data_root": (["/data"], "/data"),
-        "allow_download": ([], True),
         "image_size": (["32"], 32),
         "max_train_samples": (["64"], 64),
-        "loss": (["mixture"], "mixture"),
         "epochs": (["2"], 2),
         "lr": (["0.01"], 0.01),
-        "lr_schedule": (["cosine"], "cosine"),
         "lr_factor": (["0.25"], 0.25),
         "lr_patience": (["7"], 7),
         "weight_decay": (["0.001"], 0.001),
@@ -95,29 +92,37 @@ def test_every_flag_reaches_the_config() -> None:
         "eval_batch_size": (["64"], 64),
         "seed": (["5"], 5),
         "patience": (["2"], 2),
-        "augment": ([], True),
         "min_delta": (["0.01"], 0.01),
         "device": (["cpu"], "cpu"),
-        "deterministic": ([], False),  # --no-deterministic
         "target_deferral": (["0.1"], 0.1),
         "target_risk": (["0.02"], 0.02),
         "outlier_exposure": (["0.5"], 0.5),
         "outlier_batch_size": (["16"], 16),
         "outlier_pool": (["100"], 100),
-        "outlier_targets": (["disagree"], "disagree"),
         "outlier_overlays": (["0.2"], 0.2),
-        "outlier_prepare": ([], True),
         "calibration_split": (["0.1"], 0.1),
         "init_from": (["models/x"], "models/x"),
     }
-    assert set(values) == set(TrainConfig.model_fields)
     default = TrainConfig()
-    needs = {"k": ["--vgn"]}
-    for name, (rest, expected) in values.items():
-        flag = flag_name(name) if name != "deterministic" else "--no-deterministic"
-        config = config_from_args(_args("--out", "o", *needs.get(name, []), flag, *rest))
-        assert getattr(config, name) == expected, name
-        assert getattr(default, name) != expected, f"{name}: pick a value that is not the default"
+    tried = []
+    for name, field in TrainConfig.model_fields.items():
+        if field.annotation is bool:  # --x or --no-x, whichever is not the default
+            flag = flag_name(name) if not getattr(default, name) else f"--no-{flag_name(name)[2:]}"
+            tried.append((name, [flag], not getattr(default, name)))
+        elif (literal := choices(field.annotation)) is not None:
+            for value in literal:
+                tried.append((name, [flag_name(name), str(value)], value))
+        else:
+            assert name in values, f"{name}: add a value other than its default to this test"
+            rest, expected = values[name]
+            assert getattr(default, name) != expected, f"{name}: not its default, please"
+            tried.append((name, [*(["--vgn"] if name == "k" else []), flag_name(name), *rest],
+                          expected))  # fmt: skip
+    assert set(values) <= set(TrainConfig.model_fields)
+    for name, argv, expected in tried:
+        config = config_from_args(_args("--out", "o", *argv))
+        assert getattr(config, name) == expected, (name, argv)
+    assert {name for name, _, _ in tried} == set(TrainConfig.model_fields)
 
 
 def test_flags_override_the_config_file(tmp_path) -> None:
