@@ -25,6 +25,8 @@ from prometheus_client import (
     multiprocess,
 )
 
+from service.common.job_record import JobState
+
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
     0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0,
@@ -42,14 +44,8 @@ REVIEW_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 LOAD_BUCKETS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-JOB_STATES: tuple[str, ...] = (
-    "queued",
-    "running",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "interrupted",
-)
+#: Every training-job state, each exported from the start (0 until jobs exist).
+JOB_STATES: tuple[JobState, ...] = tuple(JobState)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -21,11 +21,12 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from service.common.errors import Conflict, InvalidValue
+from service.common.job_record import JobState
 from service.common.settings import Settings
 from service.common.shm import DTYPES
 from service.common.wire import (
@@ -462,10 +463,11 @@ class Engine:
     async def _load_job_model(self, job_id: str, force: bool) -> LoadedModel:
         """Load a succeeded job's model through the promote gate (a 409 for any other job)."""
         job = await asyncio.to_thread(self.jobs.get, job_id)
-        if job["state"] != "succeeded" or not job.get("model_dir"):
+        model_dir = job["model_dir"]
+        if job["state"] is not JobState.SUCCEEDED or not model_dir:
             raise Conflict(f"job {job_id} is {job['state']}, not succeeded; nothing to promote")
         return await self.models.load_checked(
-            Path(job["model_dir"]), "promote_job", gate=True, force=force
+            Path(model_dir), "promote_job", gate=True, force=force
         )
 
     async def _promote(self, loading: Awaitable[LoadedModel]) -> ModelServed | PromoteRefusal:
@@ -486,12 +488,12 @@ class Engine:
         return ModelServed(_json(loaded.info.description))
 
 
-def _json(document: dict[str, Any]) -> JSONObject:
+def _json(document: Mapping[str, Any]) -> JSONObject:
     """A JSON document the engine built (a job record, a model description) as the wire's type."""
     return cast(JSONObject, document)
 
 
-def _json_list(documents: list[dict[str, Any]]) -> list[JSONObject]:
+def _json_list(documents: Sequence[Mapping[str, Any]]) -> list[JSONObject]:
     """JSON documents the engine built, as the wire's type."""
     return cast(list[JSONObject], documents)
 

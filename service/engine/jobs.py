@@ -22,7 +22,8 @@ exposure (models.training.outliers; switched on at :data:`REVIEW_OUTLIER_EXPOSUR
 recipe has it off and the submission does not set ``outlier_exposure``); ``reviews`` alone
 (an ImageFolder of classes) leaves them out.
 
-States: ``queued`` → ``running`` → ``succeeded`` | ``failed`` | ``cancelled`` | ``interrupted``.
+States: :class:`~service.common.job_record.JobState` (``queued`` → ``running`` → ``succeeded`` |
+``failed`` | ``cancelled`` | ``interrupted``); records: :class:`~service.common.job_record.Job`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from models.data import MIXED_SUFFIX, parse_imagefolder
 from service.common.db import Database
 from service.common.errors import Conflict, InvalidValue, NotFound
 from service.common.job_logs import LOG_NAME, CappedLog, read_tail
+from service.common.job_record import ACTIVE, TERMINAL, Job, JobRow, JobState
 from service.common.metrics import JOB_STATES, Metrics
 from service.common.settings import Settings
 
@@ -54,7 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vge.jobs")
 
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
 #: The outlier-exposure weight a ``reviews+mnist-bundled`` job trains with when reviewers marked
 #: images *not a digit*, its recipe has outlier exposure off (0) and the submission does not set
 #: ``outlier_exposure``: the shipped OE model's weight (models/zoo/cnn4-lle-vgn-oe-mnist.yaml).
@@ -117,11 +118,13 @@ class JobStore:
 
     def create(self, job_id: str, config: dict[str, Any]) -> None:
         self.db.execute(
-            "INSERT INTO jobs (id, state, config, created_at, owner) VALUES (?, 'queued', ?, ?, ?)",
-            (job_id, json.dumps(config), time.time(), self.owner),
+            "INSERT INTO jobs (id, state, config, created_at, owner) VALUES (?, ?, ?, ?, ?)",
+            (job_id, JobState.QUEUED.value, json.dumps(config), time.time(), self.owner),
         )
 
     def update(self, job_id: str, **fields: Any) -> None:
+        if "state" in fields:  # a JobState (a bad string raises here, not in a reader)
+            fields["state"] = JobState(fields["state"]).value
         for key in ("progress", "metrics"):
             if key in fields and not isinstance(fields[key], str | None):
                 fields[key] = json.dumps(fields[key])
@@ -138,11 +141,11 @@ class JobStore:
                 )
             db.execute("UPDATE jobs SET progress = ? WHERE id = ?", (json.dumps(event), job_id))
 
-    def get(self, job_id: str) -> dict[str, Any] | None:
+    def get(self, job_id: str) -> JobRow | None:
         row = self.db.fetchone("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return _row(row) if row else None
 
-    def list(self, limit: int = 100) -> list[dict[str, Any]]:
+    def list(self, limit: int = 100) -> list[JobRow]:
         rows = self.db.fetchall("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
         return [_row(r) for r in rows]
 
@@ -153,13 +156,13 @@ class JobStore:
         )
         return [{"ts": r["ts"], **json.loads(r["event"])} for r in reversed(rows)]
 
-    def in_state(self, *states: str) -> list[dict[str, Any]]:
+    def in_state(self, *states: JobState) -> list[JobRow]:
         """This replica's jobs in ``states`` (jobs of older versions, without owner, count too)."""
         marks = ",".join("?" * len(states))
         rows = self.db.fetchall(
             f"SELECT * FROM jobs WHERE state IN ({marks}) AND (owner = ? OR owner IS NULL) "
             "ORDER BY created_at",
-            (*states, self.owner),
+            (*(JobState(s).value for s in states), self.owner),
         )
         return [_row(r) for r in rows]
 
@@ -169,21 +172,23 @@ class JobStore:
         rows = self.db.fetchall(
             f"SELECT id FROM jobs WHERE state IN ({marks}) AND finished_at < ? "
             "AND (owner = ? OR owner IS NULL)",
-            (*sorted(TERMINAL), cutoff, self.owner),
+            (*sorted(s.value for s in TERMINAL), cutoff, self.owner),
         )
         return [r["id"] for r in rows]
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[JobState, int]:
         rows = self.db.fetchall("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
-        return {r["state"]: int(r["n"]) for r in rows}
+        return {JobState(r["state"]): int(r["n"]) for r in rows}
 
 
-def _row(row: dict[str, Any]) -> dict[str, Any]:
+def _row(row: dict[str, Any]) -> JobRow:
     d = dict(row)
     for key in ("config", "progress", "metrics"):
         d[key] = json.loads(d[key]) if d[key] else None
     d["cancel_requested"] = bool(d["cancel_requested"])
-    return d
+    d["state"] = JobState(d["state"])
+    d.setdefault("owner", None)
+    return JobRow(**d)
 
 
 def _child_main(
@@ -266,9 +271,9 @@ class JobManager:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Mark jobs left queued/running by a previous process as interrupted."""
-        for job in self.store.in_state("queued", "running"):
+        for job in self.store.in_state(*ACTIVE):
             self.store.update(
-                job["id"], state="interrupted", finished_at=time.time(),
+                job["id"], state=JobState.INTERRUPTED, finished_at=time.time(),
                 error="the server stopped while this job was queued or running",
             )  # fmt: skip
             self._remove_export(job["id"])
@@ -327,8 +332,8 @@ class JobManager:
                 r.process.join(5)
         for r in running.values():
             r.thread.join(5)
-        for job in self.store.in_state("queued", "running"):
-            self.store.update(job["id"], state="interrupted", finished_at=time.time(),
+        for job in self.store.in_state(*ACTIVE):
+            self.store.update(job["id"], state=JobState.INTERRUPTED, finished_at=time.time(),
                               error="the server shut down while this job was queued or running")  # fmt: skip
             self._remove_export(job["id"])
         self._refresh_gauge()
@@ -337,7 +342,7 @@ class JobManager:
         self.store.close()
 
     # ------------------------------------------------------------------ API
-    def submit(self, config: dict[str, Any], served: Path | None = None) -> dict[str, Any]:
+    def submit(self, config: dict[str, Any], served: Path | None = None) -> Job:
         """Resolve and validate a submission, record it queued, start it when a slot is free.
 
         ``served`` is the directory of the model the server serves now. A submission that names
@@ -500,7 +505,7 @@ class JobManager:
     def _check_capacity(self) -> None:
         """Refuse a job that would wait beyond ``max_queued_jobs`` (409 naming the limit)."""
         with self._lock:
-            queued = len(self.store.in_state("queued"))
+            queued = len(self.store.in_state(JobState.QUEUED))
             free = max(0, self.settings.max_concurrent_jobs - len(self._running))
         limit = self.settings.max_queued_jobs
         if queued + 1 > free + limit:
@@ -584,27 +589,26 @@ class JobManager:
             )
         log.info("exported %d reviewed images to %s", n, folder)
 
-    def get(self, job_id: str) -> dict[str, Any]:
-        job = self.store.get(job_id)
-        if job is None:
+    def get(self, job_id: str) -> Job:
+        row = self.store.get(job_id)
+        if row is None:
             raise NotFound(f"unknown training job {job_id!r}")
-        job["events"] = self.store.events(job_id)
-        return job
+        return Job(**row, events=self.store.events(job_id))
 
-    def list(self, limit: int = 100) -> list[dict[str, Any]]:
+    def list(self, limit: int = 100) -> list[JobRow]:
         return self.store.list(limit)
 
-    def cancel(self, job_id: str) -> dict[str, Any]:
+    def cancel(self, job_id: str) -> Job:
         """Cancel a queued or running job (running: cooperative stop, forced after a grace)."""
         with self._lock:
             job = self.store.get(job_id)
             if job is None:
                 raise NotFound(f"unknown training job {job_id!r}")
-            if job["state"] in TERMINAL:
+            if job["state"].terminal:
                 raise Conflict(f"job {job_id} is already {job['state']}; nothing to cancel")
             self.store.update(job_id, cancel_requested=1)
-            if job["state"] == "queued":
-                self.store.update(job_id, state="cancelled", finished_at=time.time())
+            if job["state"] is JobState.QUEUED:
+                self.store.update(job_id, state=JobState.CANCELLED, finished_at=time.time())
                 self._remove_export(job_id)
             elif job_id in self._running:
                 r = self._running[job_id]
@@ -636,12 +640,12 @@ class JobManager:
         with self._lock:
             if self._closed:
                 return
-            for job in self.store.in_state("queued"):
+            for job in self.store.in_state(JobState.QUEUED):
                 if len(self._running) >= self.settings.max_concurrent_jobs:
                     break
                 self._launch(job)
 
-    def _launch(self, job: dict[str, Any]) -> None:
+    def _launch(self, job: JobRow) -> None:
         job_id = job["id"]
         job_dir = self.settings.jobs_dir / job_id
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -656,7 +660,7 @@ class JobManager:
             daemon=True,
         )  # fmt: skip
         process.start()
-        self.store.update(job_id, state="running", started_at=time.time())
+        self.store.update(job_id, state=JobState.RUNNING, started_at=time.time())
         thread = threading.Thread(target=self._monitor, args=(job_id,), daemon=True,
                                   name=f"vge-monitor-{job_id}")  # fmt: skip
         self._running[job_id] = _Running(process, stop, events, thread)
@@ -694,28 +698,31 @@ class JobManager:
                     if event.get(key) is not None and kind in ("epoch", "done"):
                         last_metrics[key] = event[key]
         r.process.join(5)
-        job = self.store.get(job_id) or {}
+        job = self.store.get(job_id)
+        cancelled = job is not None and job["cancel_requested"]
         now = time.time()
         stopped = result is not None and result.get("stopped")  # by cancel or shutdown
-        if job.get("cancel_requested") or (stopped and self._closed):
+        if cancelled or (stopped and self._closed):
             # A job stopped early leaves no model: what it saved before it stopped would
             # otherwise be promotable by its directory's name.
             shutil.rmtree(self.settings.models_root / job_id, ignore_errors=True)
-        if job.get("cancel_requested"):
-            self.store.update(job_id, state="cancelled", finished_at=now, metrics=last_metrics)
+        if cancelled:
+            self.store.update(job_id, state=JobState.CANCELLED, finished_at=now,
+                              metrics=last_metrics)  # fmt: skip
         elif result is not None and not stopped:
-            self.store.update(job_id, state="succeeded", finished_at=now,
+            self.store.update(job_id, state=JobState.SUCCEEDED, finished_at=now,
                               model_dir=result["model_dir"], metrics=last_metrics)  # fmt: skip
         elif self._closed:
-            self.store.update(job_id, state="interrupted", finished_at=now,
+            self.store.update(job_id, state=JobState.INTERRUPTED, finished_at=now,
                               error="the server shut down while this job ran")  # fmt: skip
         else:
             self.store.update(
-                job_id, state="failed", finished_at=now, metrics=last_metrics,
+                job_id, state=JobState.FAILED, finished_at=now, metrics=last_metrics,
                 error=error or f"training process exited with code {r.process.exitcode}",
             )  # fmt: skip
         self._remove_export(job_id)  # whatever the outcome: the run has read its images
-        log.info("job %s finished: %s", job_id, (self.store.get(job_id) or {}).get("state"))
+        ended = self.store.get(job_id)
+        log.info("job %s finished: %s", job_id, ended["state"] if ended else "gone")
         with self._lock:
             self._running.pop(job_id, None)
         if not self._closed:

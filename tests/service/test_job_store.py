@@ -154,3 +154,68 @@ def test_finished_jobs_logs_are_deleted_after_their_retention(tmp_path: Path) ->
     assert jobs.store.get("old")["state"] == "succeeded"  # the record stays
     assert jobs.logs("old") == "" and jobs.logs("new") == "lines\n"
     assert jobs.sweep_logs(now=now + 2 * 86400) == ["new"]
+
+
+def test_states_are_an_enum_stored_and_answered_as_their_strings(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Job states are a StrEnum: the stored values, the JSON answers and the gauge's labels are
+    the strings they always were; records carry members, and a state that is not one is refused
+    when written."""
+    import json
+
+    from service.common.errors import Conflict
+    from service.common.job_record import ACTIVE, TERMINAL, JobState
+    from service.common.metrics import JOB_STATES
+
+    assert [s.value for s in JobState] == [
+        "queued", "running", "succeeded", "failed", "cancelled", "interrupted",
+    ]  # fmt: skip
+    assert tuple(JobState) == JOB_STATES and set(TERMINAL) | set(ACTIVE) == set(JobState)
+    assert all(s.terminal for s in TERMINAL) and not any(s.terminal for s in ACTIVE)
+    store = JobStore(Database(db_url), owner="a")
+
+    def stored(job_id: str) -> object:
+        return store.db.fetchone("SELECT state FROM jobs WHERE id = ?", (job_id,))["state"]
+
+    store.create("job-1", {})
+    assert type(stored("job-1")) is str and stored("job-1") == "queued"
+    job = store.get("job-1")
+    assert job is not None and job["state"] is JobState.QUEUED
+    store.update("job-1", state=JobState.RUNNING)
+    assert type(stored("job-1")) is str and stored("job-1") == "running"
+    job = store.get("job-1")
+    assert job is not None and job["state"] is JobState.RUNNING
+    assert json.loads(json.dumps(job))["state"] == "running"
+    assert store.counts() == {JobState.RUNNING: 1} and store.counts() == {"running": 1}
+    assert [j["id"] for j in store.in_state(JobState.RUNNING)] == ["job-1"]
+    with pytest.raises(ValueError, match="'done' is not a valid JobState"):
+        store.update("job-1", state="done")
+    assert stored("job-1") == "running"
+
+    jobs = _manager(tmp_path)
+    jobs.store.create("job-q", {})  # queued, never launched
+    cancelled = jobs.cancel("job-q")
+    assert cancelled["state"] is JobState.CANCELLED and cancelled["events"] == []
+    with pytest.raises(Conflict, match="job job-q is already cancelled; nothing to cancel"):
+        jobs.cancel("job-q")
+    assert jobs.metrics.training_jobs.labels(state="cancelled")._value.get() == 1
+
+
+def test_only_a_succeeded_job_is_promoted(tmp_path: Path) -> None:
+    """The engine's promote check compares the job's state with JobState.SUCCEEDED; the 409
+    names the state as its string."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from service.common.errors import Conflict
+    from service.engine.engine import Engine
+
+    jobs = _manager(tmp_path)
+    jobs.store.create("job-q", {})
+    engine = SimpleNamespace(jobs=jobs)
+    with pytest.raises(Conflict, match="job job-q is queued, not succeeded; nothing to promote"):
+        asyncio.run(Engine._load_job_model(engine, "job-q", False))  # type: ignore[arg-type]
+    jobs.store.update("job-q", state="succeeded")  # succeeded without a model: still refused
+    with pytest.raises(Conflict, match="is succeeded, not succeeded"):
+        asyncio.run(Engine._load_job_model(engine, "job-q", False))  # type: ignore[arg-type]
