@@ -28,6 +28,7 @@ States: :class:`~service.common.job_record.JobState` (``queued`` → ``running``
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import multiprocessing as mp
@@ -41,7 +42,7 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from models.data import MIXED_SUFFIX, parse_imagefolder
 from service.common.db import Database
@@ -149,14 +150,14 @@ class JobStore:
         rows = self.db.fetchall("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
         return [_row(r) for r in rows]
 
-    def events(self, job_id: str, limit: int = 200) -> list[dict[str, Any]]:
+    def events(self, job_id: str, limit: int = 200) -> builtins.list[dict[str, Any]]:
         rows = self.db.fetchall(
             "SELECT ts, event FROM job_events WHERE job_id = ? ORDER BY seq DESC LIMIT ?",
             (job_id, limit),
         )
         return [{"ts": r["ts"], **json.loads(r["event"])} for r in reversed(rows)]
 
-    def in_state(self, *states: JobState) -> list[JobRow]:
+    def in_state(self, *states: JobState) -> builtins.list[JobRow]:
         """This replica's jobs in ``states`` (jobs of older versions, without owner, count too)."""
         marks = ",".join("?" * len(states))
         rows = self.db.fetchall(
@@ -166,7 +167,7 @@ class JobStore:
         )
         return [_row(r) for r in rows]
 
-    def finished_before(self, cutoff: float) -> list[str]:
+    def finished_before(self, cutoff: float) -> builtins.list[str]:
         """Ids of this replica's jobs that ended before ``cutoff`` (a time.time())."""
         marks = ",".join("?" * len(TERMINAL))
         rows = self.db.fetchall(
@@ -188,7 +189,7 @@ def _row(row: dict[str, Any]) -> JobRow:
     d["cancel_requested"] = bool(d["cancel_requested"])
     d["state"] = JobState(d["state"])
     d.setdefault("owner", None)
-    return JobRow(**d)
+    return cast(JobRow, d)
 
 
 def _child_main(
