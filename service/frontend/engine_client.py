@@ -42,6 +42,9 @@ log = logging.getLogger("vge.frontend")
 #: The answer type of an admin command (service.common.wire.Command).
 A = TypeVar("A")
 
+#: ``str(dtype)`` of the request dtypes (``str`` of a NumPy dtype costs ~3 µs a call).
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {np.dtype(d): d for d in ("uint8", "float32")}
+
 RECONNECT_S = 0.05
 #: How long past its deadline a request waits for the engine before giving up (504).
 ANSWER_GRACE_S = 30.0
@@ -266,7 +269,7 @@ class EngineClient:
         request = InferRequest(
             generation=model.generation,
             offset=region.offset,
-            dtype=str(a.dtype),
+            dtype=_DTYPE_NAMES.get(a.dtype) or str(a.dtype),
             shape=a.shape,
             options=options,
             timeout_s=timeout_s,
