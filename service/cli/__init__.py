@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 SUBCOMMANDS = ("score", "train", "evaluate", "serve")
 
@@ -21,7 +22,7 @@ class CliError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default prints usage; keep it one line
+    def error(self, message: str) -> NoReturn:  # argparse's default prints usage; keep it one line
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2)
 

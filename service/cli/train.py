@@ -113,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             added.append(True)
         return parse(args, namespace)
 
-    p.parse_known_args = parse_with_config_flags  # type: ignore[method-assign]
+    p.parse_known_args = parse_with_config_flags
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

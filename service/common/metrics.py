@@ -186,15 +186,19 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemin",
         )
-        for score, what in (("vgmu", "VGMU"), ("eu", "epistemic uncertainty EU"),
-                            ("tu", "total uncertainty TU")):  # fmt: skip
-            setattr(self, f"prediction_{score}", Histogram(
+
+        def uncertainty(score: str, what: str) -> Histogram:
+            return Histogram(
                 f"vge_prediction_{score}",
                 f"{what} of every served image (the answer's member set; [0, 1]).",
                 ["model"],
                 buckets=UNCERTAINTY_BUCKETS,
                 registry=r,
-            ))  # fmt: skip
+            )
+
+        self.prediction_vgmu = uncertainty("vgmu", "VGMU")
+        self.prediction_eu = uncertainty("eu", "epistemic uncertainty EU")
+        self.prediction_tu = uncertainty("tu", "total uncertainty TU")
         self.prediction_class = Counter(
             "vge_prediction_class",
             "Served images by predicted class.",
@@ -321,7 +325,8 @@ class Metrics:
         """The whole server's metrics (all processes) in the Prometheus text exposition format."""
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(registry)
+            # prometheus_client's __init__ is unannotated
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
         self.update_device_memory()
         return generate_latest(self.registry)

@@ -65,8 +65,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from service.common.db import Database, DatabaseUnavailable, check_url, scrub, sqlite_path
-from service.common.errors import Conflict, InvalidValue, NotFound
+from service.common.db import Database, check_url, scrub, sqlite_path
+from service.common.errors import Conflict, DatabaseUnavailable, InvalidValue, NotFound
 from service.common.settings import Settings
 
 log = logging.getLogger("vge.reviews")
@@ -609,7 +609,7 @@ class ReviewStore:
         (VGMU is an uncertainty: the highest first); keyset pagination by ``cursor`` (the sort key
         and id of the page's last item: the next page continues after it in the same order)."""
         key, sort = _ORDER[order]
-        where, params = ["state = ?"], [state]
+        where, params = ["state = ?"], list[str | float]([state])
         if model:
             where.append("model = ?")
             params.append(model)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic.json_schema import JsonDict
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
@@ -22,7 +23,7 @@ _INDEX_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 # A field's ``json_schema_extra`` for a setting that is no ``vge serve`` flag of its own (derived
 # from another flag, or internal); every other field is one (service/cli/serve.py generates them).
-NO_FLAG: dict[str, bool] = {"cli": False}
+NO_FLAG: JsonDict = {"cli": False}
 
 
 @functools.lru_cache(maxsize=4)

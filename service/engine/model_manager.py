@@ -50,6 +50,7 @@ from models.checkpoint import (
     ModelCard,
     file_sha256,
 )
+from service.common.catalogue import resolve_by_name
 from service.common.errors import Conflict, InvalidValue, NotReady
 from service.common.metrics import Metrics
 from service.common.model_info import ModelInfo
@@ -792,8 +793,6 @@ class ModelManager:
     def resolve(self, name: str) -> Path:
         """A model directory under ``models_root`` by name, or a shipped model's
         (:func:`service.common.catalogue.resolve_by_name`: no paths, no traversal)."""
-        from service.engine.repository import resolve_by_name
-
         return resolve_by_name(self.settings, name)
 
     async def promote(self, name: str, force: bool = False) -> LoadedModel:

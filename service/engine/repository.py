@@ -288,7 +288,7 @@ class ModelRepository:
         """Which replica serves which model (a fleet's; None for one replica)."""
         return None
 
-    def listen(self, wake: Callable[[], None]) -> None:
+    def listen(self, wake: Callable[[], object]) -> None:
         """Call ``wake`` (from any thread) whenever another replica records an entry."""
 
     def close(self) -> None:
@@ -406,7 +406,7 @@ class FleetModelRepository(ModelRepository):
             r["seen_at"] = iso(float(r.pop("at")))
         return rows
 
-    def listen(self, wake: Callable[[], None]) -> None:
+    def listen(self, wake: Callable[[], object]) -> None:
         """``LISTEN`` on :data:`FLEET_CHANNEL` on a connection of its own, in a daemon thread;
         ``wake`` on every notification and after every (re)connect (what was announced while
         it was down is read again). Reconnects after a second when the connection breaks.
@@ -418,7 +418,7 @@ class FleetModelRepository(ModelRepository):
         )
         self._listener.start()
 
-    def _listen_loop(self, wake: Callable[[], None]) -> None:
+    def _listen_loop(self, wake: Callable[[], object]) -> None:
         import psycopg
 
         from service.common.db import scrub
