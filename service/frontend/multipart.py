@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import (
@@ -42,6 +43,9 @@ from python_multipart.multipart import (
 )
 
 from service.common.errors import BadInput, InvalidValue, PayloadTooLarge
+
+if TYPE_CHECKING:  # python-multipart declares its callbacks' TypedDict for type checkers only
+    from python_multipart.multipart import MultipartCallbacks
 
 #: Parts beyond ``max_files + max_fields`` a body may hold by default: a form's empty file inputs,
 #: which are skipped but still parsed.
@@ -269,7 +273,7 @@ def parse_form(
     if plain is not None:
         _feed_plain(body, plain, c)
         return form
-    callbacks = {
+    callbacks: MultipartCallbacks = {
         "on_part_begin": c.on_part_begin,
         "on_part_data": c.on_part_data,
         "on_part_end": c.on_part_end,
@@ -278,7 +282,7 @@ def parse_form(
         "on_header_end": c.on_header_end,
     }
     try:
-        parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]  (refuses long ones)
+        parser = MultipartParser(boundary, callbacks)  # (refuses long ones)
         parser.write(body)
         parser.finalize()
     except FormParserError as exc:
