@@ -148,9 +148,10 @@ class Allocator:
     def __init__(self, size: int, start: int = 0) -> None:
         self.size = size
         self.start = start
-        self._starts: list[int] = [start]  # free regions, sorted by start
-        self._lengths: dict[int, int] = {start: size - start}
+        self._starts: list[int] = []  # free regions, sorted by start
+        self._lengths: dict[int, int] = {}
         self._used: dict[int, int] = {}
+        self.reset()
 
     @property
     def used_bytes(self) -> int:
@@ -190,4 +191,7 @@ class Allocator:
 
     def reset(self) -> None:
         """Free everything (the engine restarted: no region is in use any more)."""
-        self.__init__(self.size, self.start)  # type: ignore[misc]
+        self._starts[:] = [self.start]
+        self._lengths.clear()
+        self._lengths[self.start] = self.size - self.start
+        self._used.clear()

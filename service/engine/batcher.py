@@ -283,8 +283,9 @@ class Batcher:
             if not future.done():
                 if error is not None:
                     future.set_exception(error)
-                else:
-                    future.set_result(columns)  # type: ignore[arg-type]
+                else:  # the callback's contract: columns when there is no error
+                    assert columns is not None
+                    future.set_result(columns)
 
         unit = self.enqueue(predictor, model, x, options, timeout_s, answer)
         try:
