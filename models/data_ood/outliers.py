@@ -84,7 +84,7 @@ OUTLIER_CM_FONTS = ("cmr10.ttf", "cmss10.ttf", "cmb10.ttf", "cmti10.ttf", "cmtt1
 #: seen. Version 1 stays what the models trained on it drew.
 OUTLIER_FAMILIES_V2: dict[str, tuple[float, Callable[[np.random.Generator], np.ndarray]]] = {
     **OUTLIER_FAMILIES,
-    "cm_letters": (0.30, lambda rng: render.glyph(rng, LATIN, OUTLIER_CM_FONTS)),
+    "cm_letters": (0.15, lambda rng: render.glyph(rng, LATIN, OUTLIER_CM_FONTS)),
 }
 
 

@@ -369,6 +369,12 @@ def run_evaluation(
         metrics["ood_suite"] = _clean(
             ood_suite_metrics(p, q, suite, abstain_k, no_digit, suite_labels)
         )
+        # "ood" is the far groups pooled as served: an image the reading finds no digit in is
+        # abstained on and ranks most uncertain (ood_suite.NO_DIGIT_SCORE), as in the suite's
+        # own far row; the model's raw scores on those images would describe no served answer
+        far = metrics["ood_suite"]["far"]
+        metrics["ood"] = {**metrics["ood"], "abstain_rate": far["abstain_rate"]}
+        metrics["ood"]["scores"] = far["scores"]
     if calibration:
         metrics["calibration"] = {k: v for k, v in dict(calibration).items() if k != "curve"}
 

@@ -220,7 +220,7 @@ def test_outlier_set_version_2_adds_computer_modern_letters_and_keeps_version_1(
     assert (v1 == v1_again).all() and fam1.max() == 7
     v2, fam2 = outlier_exposure_set(200, seed=3, version=2)
     cm = v2[fam2 == list(OUTLIER_FAMILIES_V2).index("cm_letters")]
-    assert len(cm) == 46  # floor(200 · 0.30 / 1.30)
+    assert len(cm) == 26  # floor(200 · 0.15 / 1.15)
     assert int((cm.reshape(len(cm), -1) > 128).sum(1).min()) > 20
     with pytest.raises(ValueError, match="version must be 1 or 2"):
         outlier_exposure_set(10, version=3)
