@@ -3,7 +3,10 @@
 LLE-VGN (SI S3.1) ships beside it as ``lenet5-lle-vgn-mnist``; serve it by name
 (``vge serve --model-dir lenet5-lle-vgn-mnist``) or promote it by name. ``cnn4-lle-vgn-oe-mnist`` is the
 default's recipe with outlier exposure: it defers on non-digits (docs/ood-suite.md) but missed an
-in-distribution target, so it is not the default. See each model's README.md.
+in-distribution target, so it is not the default. ``cnn4-lle-vgn-doe-mnist`` (issue 33) trains its
+members to disagree on non-digits and to split on overlaid digit pairs: a real epistemic signal
+(EU alone separates far OOD), but it misses in-distribution and OOD targets and is not the
+default either. See each model's README.md.
 """
 
 from __future__ import annotations
