@@ -118,6 +118,14 @@ class TrainConfig(ArchitectureSpec):
         description="random small affine transforms of training images only (RandomAffine "
         "degrees 10, translate 0.1, scale 0.9-1.1; seeded)",
     )
+    augment_read: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of every training batch drawn as a photo or scan (stroke width, "
+        "chalk, a larger page, ink on paper, uneven light, blur, noise) and read back as the "
+        "server reads an upload (models/training/step.py); needs augment; 0 = none",
+    )
     min_delta: float = Field(1e-4, ge=0)
     device: str | None = None
     deterministic: bool = True
@@ -235,6 +243,8 @@ class TrainConfig(ArchitectureSpec):
     def _consistent(self) -> TrainConfig:
         if self.vgn and self.loss == "members":
             raise ValueError("loss 'members' ignores the VGN layer; use loss 'mixture' with vgn")
+        if self.augment_read and not self.augment:
+            raise ValueError("augment_read is part of the training augmentation: set augment")
         if self.target_deferral is not None and self.target_risk is not None:
             raise ValueError("give at most one of target_deferral and target_risk")
         return self

@@ -57,21 +57,86 @@ def augment_batch(x: Tensor, generator: torch.Generator, fill: list[float]) -> T
     return random_affine(x, generator, fill)
 
 
+def photographed(digit: Tensor, g: torch.Generator) -> Tensor:
+    """uint8 ``(28, 28)`` white-on-black digit → a uint8 picture of it as a pen, a camera or a
+    scanner gives it (``TrainConfig.augment_read``): a stroke width (as drawn, thick pen,
+    marker, thin), broken strokes (chalk), a larger page at a random place, dark ink on light
+    paper half of the time, uneven light, blur and sensor noise. Generic degradations, not the
+    evaluation families of :mod:`models.data_photos`."""
+
+    def u() -> float:
+        return float(torch.rand((), generator=g))
+
+    x = digit.float()[None, None] / 255.0  # (1, 1, 28, 28)
+    width = int(torch.randint(4, (), generator=g))
+    if width in (1, 2):
+        for _ in range(width):
+            x = F.max_pool2d(x, 3, 1, 1)
+    elif width == 3:
+        x = -F.max_pool2d(-x, 3, 1, 1) if u() < 0.5 else x
+    if width == 0 and u() < 0.5:  # chalk: strokes broken into grains
+        x = x * (torch.rand(x.shape, generator=g) > 0.05 + 0.2 * u())
+    side = int(28 * (1.0 + 1.5 * u()))
+    page = torch.zeros(1, 1, side, side)
+    oy, ox = int((side - 28) * u()), int((side - 28) * u())
+    page[..., oy : oy + 28, ox : ox + 28] = x
+    lo, hi = 0.3 * u(), 0.6 + 0.4 * u()
+    page = lo + (hi - lo) * page
+    if u() < 0.5:
+        page = 1.0 - page  # dark ink on light paper
+    ramp = torch.linspace(0.0, 1.0, side)
+    page = page * (1.0 - 0.3 * u() * (ramp[None, :] if u() < 0.5 else ramp[:, None]))
+    sigma = 1.2 * u()
+    if sigma > 0.3:
+        from torchvision.transforms.v2.functional import gaussian_blur
+
+        page = gaussian_blur(page, [5, 5], [sigma, sigma])
+    page = page + 0.05 * u() * torch.randn(page.shape, generator=g)
+    return page.clamp(0, 1).mul(255).round().to(torch.uint8)[0, 0]
+
+
 @dataclass
 class Augmenter:
     """Augments training batches with parameters from its own generator (never the global RNG
-    that dropout uses), seeded from the config seed and the DDP rank: same seed, same batches."""
+    that dropout uses), seeded from the config seed and the DDP rank: same seed, same batches.
+    With ``read_share`` that share of every batch is also :func:`photographed` and read back as
+    the server reads an upload (:func:`models.prepare.canonicalise`), so the model learns the
+    digits the reading gives, not only MNIST's."""
 
     generator: torch.Generator
     fill: list[float]  # black, in normalised units
+    read_share: float = 0.0
+    norm: tuple[float, float] = (0.0, 1.0)  # the digits' (mean, std), 1 channel
 
     @classmethod
     def for_run(cls, config: TrainConfig, bundle: DataBundle, rank: int) -> Augmenter:
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 7919 * (rank + 1))
-        return cls(gen, [-m / s for m, s in zip(bundle.mean, bundle.std, strict=True)])
+        share = float(getattr(config, "augment_read", 0.0))
+        if share and (bundle.in_channels != 1 or tuple(bundle.input_size) != (28, 28)):
+            raise ValueError("augment_read needs 1-channel 28x28 digits (the served reading's)")
+        return cls(
+            gen,
+            [-m / s for m, s in zip(bundle.mean, bundle.std, strict=True)],
+            share,
+            (bundle.mean[0], bundle.std[0]),
+        )
 
     def __call__(self, x: Tensor) -> Tensor:
-        return augment_batch(x, self.generator, self.fill)
+        x = augment_batch(x, self.generator, self.fill)
+        n = round(self.read_share * x.shape[0])
+        if n:
+            from models.prepare import Finding, canonicalise
+
+            mean, std = self.norm
+            rows = torch.randperm(x.shape[0], generator=self.generator)[:n]
+            u8 = (x[rows, 0] * std + mean).mul(255).round().clamp(0, 255).to(torch.uint8)
+            read = []
+            for digit in u8:
+                got = canonicalise(photographed(digit, self.generator))
+                read.append(got.image[0] if got.finding == Finding.ok else digit)
+            x = x.clone()
+            x[rows, 0] = (torch.stack(read).float() / 255.0 - mean) / std
+        return x
 
 
 @dataclass

@@ -224,3 +224,31 @@ def test_outlier_set_version_2_adds_computer_modern_letters_and_keeps_version_1(
     assert int((cm.reshape(len(cm), -1) > 128).sum(1).min()) > 20
     with pytest.raises(ValueError, match="version must be 1 or 2"):
         outlier_exposure_set(10, version=3)
+
+
+def test_augment_read_draws_digits_as_photos_and_reads_them_back_as_served() -> None:
+    """augment_read: that share of a batch is drawn as a photo or scan and read back by the
+    served reading; the rest is only the affine augmentation. The pictures are uint8 pages at
+    least as large as the digit; the reading brings (most of) them back to a 28×28 digit."""
+    from models.data import load_dataset
+    from models.prepare import Finding, canonicalise
+    from models.training.step import Augmenter, photographed
+
+    g = torch.Generator().manual_seed(0)
+    digits = torch.from_numpy(__import__("models.data").data.load_bundled_mnist()[0][:40])
+    pages = [photographed(d, g) for d in digits]
+    assert all(p.dtype == torch.uint8 and p.shape[0] >= 28 and p.shape[1] >= 28 for p in pages)
+    # 81 % of 400 are read as a digit; the rest (blur and noise read as texture, a faint one as
+    # blank) keep their digit as it was
+    assert sum(canonicalise(p).finding == Finding.ok for p in pages) >= 26
+    assert any(p.shape[0] > 28 for p in pages) and any(float(p.float().mean()) > 128 for p in pages)
+
+    bundle = load_dataset("mnist-bundled", max_train_samples=64)
+    x = torch.stack([bundle.train[i][0] for i in range(32)])
+    config = TrainConfig(augment=True, augment_read=0.25, seed=3)
+    plain = Augmenter.for_run(TrainConfig(augment=True, seed=3), bundle, 0)(x)
+    read = Augmenter.for_run(config, bundle, 0)(x)
+    changed = (read != plain).flatten(1).any(1)
+    assert int(changed.sum()) == 8  # a quarter of 32, the same affine draws before it
+    with pytest.raises(ValueError, match="set augment"):
+        TrainConfig(augment_read=0.5)
