@@ -101,6 +101,7 @@ def test_every_flag_reaches_the_config() -> None:
         "outlier_pool": (["100"], 100),
         "outlier_overlays": (["0.2"], 0.2),
         "calibration_split": (["0.1"], 0.1),
+        "augment_read": (["0.25"], 0.25),
         "init_from": (["models/x"], "models/x"),
     }
     default = TrainConfig()
@@ -116,8 +117,8 @@ def test_every_flag_reaches_the_config() -> None:
             assert name in values, f"{name}: add a value other than its default to this test"
             rest, expected = values[name]
             assert getattr(default, name) != expected, f"{name}: not its default, please"
-            tried.append((name, [*(["--vgn"] if name == "k" else []), flag_name(name), *rest],
-                          expected))  # fmt: skip
+            needs = {"k": ["--vgn"], "augment_read": ["--augment"]}.get(name, [])  # its partner
+            tried.append((name, [*needs, flag_name(name), *rest], expected))
     assert set(values) <= set(TrainConfig.model_fields)
     for name, argv, expected in tried:
         config = config_from_args(_args("--out", "o", *argv))
