@@ -18,13 +18,6 @@ not stored, and 422,535 of them in a 30 MB body were parsed whole (5 s on the ev
 Bodies over :data:`INLINE_PARSE_BYTES` are parsed in a worker thread (:func:`parse_form_async`):
 python-multipart is Python, so the event loop gets the interpreter back every switch interval.
 
-A body in the plain form every client sends (a boundary line, each part's few short headers, its
-bytes, the next boundary line, and the closing one; :func:`_split_plain`) is cut with
-``bytes.find`` and handed to the same callbacks in the same order as python-multipart would; any
-other body (a preamble, lone CRs or LFs, a delimiter followed by anything but CRLF or ``--``,
-odd headers) goes through python-multipart, whose answer is then the answer. The one-image body
-of the serving benchmark cost ~25 µs in python-multipart (parser set-up and its state machine),
-a third of that cut here.
 """
 
 from __future__ import annotations
@@ -34,13 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from python_multipart.exceptions import FormParserError
-from python_multipart.multipart import (
-    MAX_BOUNDARY_LENGTH,
-    TOKEN_CHARS,
-    MultipartParser,
-    MultipartState,
-    parse_options_header,
-)
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from service.common.errors import BadInput, InvalidValue, PayloadTooLarge
 
@@ -166,84 +153,6 @@ async def parse_form_async(
     )  # fmt: skip
 
 
-#: A plain part has at most this many headers, each line at most this long (python-multipart's
-#: own limits are 8 and 4,224; a part beyond these is left to it).
-_PLAIN_HEADERS = 8
-_PLAIN_HEADER_BYTES = 1024
-
-
-def _split_plain(
-    body: bytes, boundary: bytes, max_parts: int
-) -> list[tuple[list[tuple[bytes, bytes]], int, int]] | None:
-    """A body in the plain form, cut into parts: each part's headers (name, value with its leading
-    spaces dropped, as python-multipart gives them) and the span of its bytes in ``body``; None
-    for any body not in that form (python-multipart then parses it). It stops at the part past
-    ``max_parts`` (an empty one stands for it: the collector refuses it as it begins, as it does
-    under python-multipart, whatever follows)."""
-    if len(boundary) > MAX_BOUNDARY_LENGTH:
-        return None
-    first = b"--" + boundary + b"\r\n"
-    if not body.startswith(first):
-        return None
-    delimiter = b"\r\n--" + boundary
-    parts: list[tuple[list[tuple[bytes, bytes]], int, int]] = []
-    pos = len(first)
-    while True:
-        if len(parts) == max_parts:
-            parts.append(([], pos, pos))
-            return parts
-        headers: list[tuple[bytes, bytes]] = []
-        if body.startswith(b"\r\n", pos):
-            start = pos + 2
-        else:
-            end = body.find(b"\r\n\r\n", pos)
-            if end == -1:
-                return None
-            lines = body[pos:end].split(b"\r\n")
-            if len(lines) > _PLAIN_HEADERS:
-                return None
-            for line in lines:
-                colon = line.find(b":")
-                if (
-                    colon <= 0
-                    or len(line) > _PLAIN_HEADER_BYTES
-                    or b"\r" in line
-                    or b"\n" in line
-                    or line[:colon].translate(None, TOKEN_CHARS)
-                ):
-                    return None
-                headers.append((line[:colon], line[colon + 1 :].lstrip(b" ")))
-            start = end + 4
-        end = body.find(delimiter, start)
-        if end == -1:
-            return None
-        parts.append((headers, start, end))
-        after = end + len(delimiter)
-        if body.startswith(b"\r\n", after):
-            pos = after + 2
-        elif body.startswith(b"--", after):
-            return parts  # the closing delimiter (what follows it is an epilogue: discarded)
-        else:
-            return None
-
-
-def _feed_plain(
-    body: bytes, parts: list[tuple[list[tuple[bytes, bytes]], int, int]], c: _Collector
-) -> None:
-    """``parts`` (:func:`_split_plain`) through the collector's callbacks, as python-multipart
-    calls them."""
-    for headers, start, end in parts:
-        c.on_part_begin()
-        for name, value in headers:
-            c.on_header_field(name, 0, len(name))
-            if value:
-                c.on_header_value(value, 0, len(value))
-            c.on_header_end()
-        if end > start:
-            c.on_part_data(body, start, end)
-        c.on_part_end()
-
-
 def parse_form(
     body: bytes, content_type: str, *, max_files: int, max_fields: int,
     file_field: str | None = None, max_parts: int | None = None,
@@ -269,10 +178,6 @@ def parse_form(
         form, max_files, max_fields, None if file_field is None else file_field.encode(),
         max_files + max_fields + EMPTY_PARTS if max_parts is None else max_parts,
     )  # fmt: skip
-    plain = _split_plain(body, boundary, c.max_parts)
-    if plain is not None:
-        _feed_plain(body, plain, c)
-        return form
     callbacks: MultipartCallbacks = {
         "on_part_begin": c.on_part_begin,
         "on_part_data": c.on_part_data,
