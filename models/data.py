@@ -30,6 +30,7 @@ __all__ = [
     "DataBundle",
     "bundled_mnist_path",
     "bundled_split",
+    "denormalise_uint8",
     "load_bundled_mnist",
     "load_dataset",
     "normalise_uint8",
@@ -211,6 +212,17 @@ def normalise_uint8(
     return TF.normalize(x, list(mean), list(std))
 
 
+def denormalise_uint8(
+    x: torch.Tensor, mean: tuple[float, ...] | list[float], std: tuple[float, ...] | list[float]
+) -> torch.Tensor:
+    """The inverse of :func:`normalise_uint8`: float ``(..., C, H, W)`` back to its uint8 pixels
+    (exact for what :func:`normalise_uint8` made; training augmentations that work on pictures,
+    such as overlays and photos, start from it)."""
+    m = torch.tensor(mean, dtype=x.dtype).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=x.dtype).view(-1, 1, 1)
+    return (x * s + m).mul_(255.0).round_().clamp_(0, 255).to(torch.uint8)
+
+
 def random_affine(
     x: torch.Tensor,
     generator: torch.Generator,
@@ -289,14 +301,19 @@ def _split_fingerprint(split: dict[str, np.ndarray]) -> list[bytes]:
     return [split[k].astype("<i8").tobytes() for k in ("train", "val", "test")]
 
 
-def read_as_served(images: np.ndarray) -> np.ndarray:
+def read_as_served(images: np.ndarray, keep_unread: bool = False) -> np.ndarray:
     """uint8 digits ``(N, 28, 28)`` as the server reads them (:func:`models.prepare.canonicalise`,
     prepare=mnist): training, evaluation and serving see the same pixels. MNIST's digits are
     canonical already and come out as they are, but for the rare one whose box or centre of mass
-    is a pixel off (106 of the 8,000 bundled digits: re-framed)."""
-    from models.prepare import canonicalise
+    is a pixel off (106 of the 8,000 bundled digits: re-framed). With ``keep_unread`` an image the
+    reading finds no digit in is kept as it was (outlier pools), not emptied."""
+    from models.prepare import Finding, canonicalise
 
-    return np.stack([canonicalise(torch.from_numpy(im)).image[0].numpy() for im in images])
+    def read(im: np.ndarray) -> np.ndarray:
+        got = canonicalise(torch.from_numpy(im))
+        return im if keep_unread and got.finding != Finding.ok else got.image[0].numpy()
+
+    return np.stack([read(im) for im in images])
 
 
 def _load_mnist_bundled(max_train_samples: int | None) -> DataBundle:

@@ -51,18 +51,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from models.data import DataBundle
+from models.data import DataBundle, denormalise_uint8, normalise_uint8, read_as_served
 from models.ensembles import EnsembleOutput
 
 __all__ = [
     "REVIEWED_SHARE",
     "OutlierExposure",
     "overlay_pairs",
-    "read_outliers",
     "uniform_cross_entropy",
 ]
 
@@ -70,13 +68,16 @@ __all__ = [
 REVIEWED_SHARE = 0.25
 
 
+def _log_mixture(out: EnsembleOutput, log_p: Tensor) -> Tensor:
+    """``log r̄`` (B, C) of the served mixture: q̄ for VGN models, else p̄ (stable)."""
+    if out.q is not None:
+        return torch.log(out.q.mean(dim=1).clamp_min(1e-12))
+    return torch.logsumexp(log_p, dim=1) - math.log(log_p.shape[1])
+
+
 def uniform_cross_entropy(out: EnsembleOutput, log_p: Tensor) -> Tensor:
     """``−mean_c log r̄_c`` averaged over the batch; ``r̄`` the served mixture (q̄ or p̄)."""
-    if out.q is not None:
-        log_mix = torch.log(out.q.mean(dim=1).clamp_min(1e-12))
-    else:
-        log_mix = torch.logsumexp(log_p, dim=1) - math.log(log_p.shape[1])
-    return -log_mix.mean()
+    return -_log_mixture(out, log_p).mean()
 
 
 @dataclass
@@ -98,8 +99,8 @@ class OutlierExposure:
     overlays_per_batch: int = 0
     #: read overlays as served (models.prepare) before normalising them
     prepare: bool = False
-    #: normalisation of the digits (mean, std), for the overlays made every step
-    norm: tuple[float, float] = (0.0, 1.0)
+    #: normalisation of the digits (mean, std per channel), for the overlays made every step
+    norm: tuple[tuple[float, ...], tuple[float, ...]] = ((0.0,), (1.0,))
     #: ``disagree``: each pool image's fixed class offset r (member m's target (r + m) mod C),
     #: drawn once per run, so that a member's answer on an outlier is a function it can learn
     pool_offsets: Tensor | None = None
@@ -127,27 +128,26 @@ class OutlierExposure:
                 "outlier_exposure needs 1-channel 28x28 images (its outliers are MNIST-sized); "
                 f"this dataset has {bundle.in_channels} channel(s) of {bundle.input_size}"
             )
-        prepare = bool(getattr(config, "outlier_prepare", False))
+        norm = (tuple(bundle.mean), tuple(bundle.std))
         images, _ = outlier_exposure_set(
-            config.outlier_pool, seed=config.seed, version=getattr(config, "outlier_set", 1)
+            config.outlier_pool, seed=config.seed, version=config.outlier_set
         )
-        if prepare:
-            images = read_outliers(images)
-        x = _normalise(torch.from_numpy(images), bundle)
+        if config.outlier_prepare:
+            images = read_as_served(images, keep_unread=True)
+        x = normalise_uint8(torch.from_numpy(images).unsqueeze(1), *norm)
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 104_729 * (rank + 1))
         reviewed = None
         extra = bundle.extra.get("outliers")
         if extra is not None and len(extra):
-            r = torch.as_tensor(extra).reshape(-1, 28, 28)
-            reviewed = _normalise(r, bundle)
-        share = float(getattr(config, "outlier_overlays", 0.0))
+            reviewed = normalise_uint8(torch.as_tensor(extra).reshape(-1, 1, 28, 28), *norm)
         digits = labels = None
         n_overlay = 0
-        if share > 0:
-            digits, labels = _dataset_uint8(bundle.train, bundle)
-            if labels.unique().numel() < 2:
-                raise ValueError("outlier_overlays needs training digits of at least two classes")
-            n_overlay = max(1, round(share * config.outlier_batch_size))
+        if config.outlier_overlays > 0:
+            from torch.utils.data import DataLoader
+
+            train_x, labels = next(iter(DataLoader(bundle.train, batch_size=len(bundle.train))))
+            digits = denormalise_uint8(train_x, *norm)[:, 0]
+            n_overlay = max(1, round(config.outlier_overlays * config.outlier_batch_size))
         offsets = torch.Generator().manual_seed(config.seed * 1_000_003 + 15_485_863)
         n_classes = bundle.num_classes
         return cls(
@@ -156,12 +156,12 @@ class OutlierExposure:
             config.outlier_exposure,
             gen,
             reviewed,
-            getattr(config, "outlier_targets", "uniform"),
+            config.outlier_targets,
             digits,
-            labels,
+            None if labels is None else labels.long(),
             n_overlay,
-            prepare,
-            (bundle.mean[0], bundle.std[0]),
+            config.outlier_prepare,
+            norm,
             torch.randint(n_classes, (x.shape[0],), generator=offsets),
             None
             if reviewed is None
@@ -196,9 +196,8 @@ class OutlierExposure:
             assert self.digits is not None and self.digit_labels is not None
             ov, pair = overlay_pairs(self.digits, self.digit_labels, n_ov, self.generator)
             if self.prepare:
-                ov = torch.from_numpy(read_outliers(ov.numpy()))
-            mean, std = self.norm
-            x = torch.cat([(ov.float().div_(255.0).unsqueeze(1) - mean) / std, x])
+                ov = torch.from_numpy(read_as_served(ov.numpy(), keep_unread=True))
+            x = torch.cat([normalise_uint8(ov.unsqueeze(1), *self.norm), x])
             self.last_overlay_classes = pair
         return x.to(device, non_blocking=True)
 
@@ -211,8 +210,7 @@ class OutlierExposure:
         image's fixed offset ``r`` (every member a different class when M ≤ C: a flat mean)."""
         m = torch.arange(members)
         r = self.last_offsets
-        if r is None:  # no fixed offsets (a hand-built instance): one drawn per image
-            r = torch.randint(classes, (n - self.overlays_per_batch,), generator=self.generator)
+        assert r is not None, "disagree targets need the pool's fixed offsets (for_run sets them)"
         n_ov = self.overlays_per_batch
         t = torch.empty(n, members, dtype=torch.long)
         t[n_ov:] = (r[:, None] + m) % classes
@@ -236,10 +234,7 @@ class OutlierExposure:
         if n_ov:
             pair = self.last_overlay_classes
             assert pair is not None
-            if out.q is not None:
-                log_mix = torch.log(out.q[:n_ov].mean(dim=1).clamp_min(1e-12))
-            else:
-                log_mix = torch.logsumexp(log_p[:n_ov], dim=1) - math.log(log_p.shape[1])
+            log_mix = _log_mixture(out.rows(torch.arange(n_ov)), log_p[:n_ov])
             loss = loss - 0.5 * log_mix.gather(1, pair.to(log_mix.device)).sum()
         return loss / out.p.shape[0]
 
@@ -270,22 +265,6 @@ class OutlierExposure:
         )
 
 
-def _normalise(images: Tensor, bundle: DataBundle) -> Tensor:
-    """uint8 ``(N, 28, 28)`` → float ``(N, 1, 28, 28)`` normalised like the digits."""
-    x = images.float().div_(255.0).unsqueeze(1)
-    return (x - bundle.mean[0]) / bundle.std[0]
-
-
-def _dataset_uint8(dataset, bundle: DataBundle) -> tuple[Tensor, Tensor]:  # noqa: ANN001
-    """A normalised 1-channel dataset's images back as uint8 ``(N, 28, 28)`` and labels ``(N,)``
-    (normalisation is exact to the pixel: ``models.data.normalise_uint8`` of uint8 values)."""
-    from torch.utils.data import DataLoader
-
-    x, y = next(iter(DataLoader(dataset, batch_size=len(dataset), shuffle=False)))
-    u = (x[:, 0] * bundle.std[0] + bundle.mean[0]).mul_(255.0).round_().clamp_(0, 255)
-    return u.to(torch.uint8), y.long()
-
-
 def overlay_pairs(
     digits: Tensor, labels: Tensor, n: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
@@ -307,19 +286,6 @@ def overlay_pairs(
         ]
     )
     return torch.maximum(digits[i], second), torch.stack([labels[i], labels[j]], 1)
-
-
-def read_outliers(images: np.ndarray) -> np.ndarray:
-    """uint8 ``(N, 28, 28)`` outliers as the server reads an upload
-    (:func:`models.prepare.canonicalise`); an image it finds no digit in is kept as drawn."""
-    from models.prepare import Finding, canonicalise
-
-    out = np.array(images, dtype=np.uint8, copy=True)
-    for k in range(out.shape[0]):
-        read = canonicalise(torch.from_numpy(out[k]))
-        if read.finding == Finding.ok:
-            out[k] = read.image[0].numpy()
-    return out
 
 
 def _bn_on_first(m: nn.modules.batchnorm._BatchNorm, x: Tensor, n: int) -> Tensor:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.data import DataBundle, random_affine
+from models.data import DataBundle, denormalise_uint8, normalise_uint8, random_affine
 from models.ensembles import EnsembleOutput
 
 from .config import TrainConfig
@@ -106,19 +106,19 @@ class Augmenter:
     generator: torch.Generator
     fill: list[float]  # black, in normalised units
     read_share: float = 0.0
-    norm: tuple[float, float] = (0.0, 1.0)  # the digits' (mean, std), 1 channel
+    norm: tuple[tuple[float, ...], tuple[float, ...]] = ((0.0,), (1.0,))  # digits' mean, std
 
     @classmethod
     def for_run(cls, config: TrainConfig, bundle: DataBundle, rank: int) -> Augmenter:
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + 7919 * (rank + 1))
-        share = float(getattr(config, "augment_read", 0.0))
+        share = config.augment_read
         if share and (bundle.in_channels != 1 or tuple(bundle.input_size) != (28, 28)):
             raise ValueError("augment_read needs 1-channel 28x28 digits (the served reading's)")
         return cls(
             gen,
             [-m / s for m, s in zip(bundle.mean, bundle.std, strict=True)],
             share,
-            (bundle.mean[0], bundle.std[0]),
+            (tuple(bundle.mean), tuple(bundle.std)),
         )
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -127,15 +127,13 @@ class Augmenter:
         if n:
             from models.prepare import Finding, canonicalise
 
-            mean, std = self.norm
             rows = torch.randperm(x.shape[0], generator=self.generator)[:n]
-            u8 = (x[rows, 0] * std + mean).mul(255).round().clamp(0, 255).to(torch.uint8)
             read = []
-            for digit in u8:
+            for digit in denormalise_uint8(x[rows], *self.norm)[:, 0]:
                 got = canonicalise(photographed(digit, self.generator))
                 read.append(got.image[0] if got.finding == Finding.ok else digit)
             x = x.clone()
-            x[rows, 0] = (torch.stack(read).float() / 255.0 - mean) / std
+            x[rows] = normalise_uint8(torch.stack(read).unsqueeze(1), *self.norm)
         return x
 
 

@@ -17,7 +17,6 @@ not stored, and 422,535 of them in a 30 MB body were parsed whole (5 s on the ev
 
 Bodies over :data:`INLINE_PARSE_BYTES` are parsed in a worker thread (:func:`parse_form_async`):
 python-multipart is Python, so the event loop gets the interpreter back every switch interval.
-
 """
 
 from __future__ import annotations

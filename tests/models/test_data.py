@@ -11,6 +11,7 @@ from models.data import (
     HOLDOUT_MNIST_SHA256,
     bundled_mnist_path,
     bundled_split,
+    denormalise_uint8,
     load_bundled_mnist,
     load_dataset,
     load_holdout_mnist,
@@ -77,6 +78,10 @@ def test_normalise_uint8():
     img = torch.tensor([[[0, 255], [51, 102]]], dtype=torch.uint8)
     out = normalise_uint8(img, [0.5], [0.25])
     torch.testing.assert_close(out, (img.float() / 255 - 0.5) / 0.25)
+    every = torch.arange(256, dtype=torch.uint8).reshape(1, 16, 16)  # each pixel value, back
+    assert torch.equal(
+        denormalise_uint8(normalise_uint8(every, [0.1307], [0.3081]), [0.1307], [0.3081]), every
+    )
 
 
 def test_unknown_and_missing_datasets_do_not_download(tmp_path):
