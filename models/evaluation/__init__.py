@@ -121,7 +121,10 @@ def _evaluate(
     p_ood: Tensor | None = None,
     q_ood: Tensor | None = None,
     abstain_k: float = 1.0,
+    ood_no_digit: np.ndarray | None = None,
 ) -> _Evaluation:
+    """``ood_no_digit`` (bool per OOD row): images the served reading found no digit in; they
+    abstain and rank most uncertain, as they are answered (:data:`.ood_suite.NO_DIGIT_SCORE`)."""
     p = check_probs(torch.as_tensor(as_numpy(p)))
     q = None if q is None else check_probs(torch.as_tensor(as_numpy(q)))
     y = as_numpy(labels).astype(np.int64).ravel()
@@ -171,10 +174,17 @@ def _evaluate(
         q_ood = None if q_ood is None else check_probs(torch.as_tensor(as_numpy(q_ood)))
         ood_scores = score_members(p_ood, q_ood, abstain_k=abstain_k)
         ood_arrays = _score_arrays(ood_scores, p_ood, q_ood)
+        abstained = ood_scores.abstain.numpy()
+        if ood_no_digit is not None and ood_no_digit.any():
+            from models.evaluation.ood_suite import NO_DIGIT_SCORE
+
+            abstained = abstained | ood_no_digit
+            for a in ood_arrays.values():
+                a[ood_no_digit] = NO_DIGIT_SCORE
         metrics["ood"] = {
             "n_id": n,
             "n_ood": int(ood_scores.prediction.shape[0]),
-            "abstain_rate": float(ood_scores.abstain.double().mean()),
+            "abstain_rate": float(abstained.mean()),
             "scores": ood_metrics(arrays, ood_arrays),
         }
     return _Evaluation(_clean(metrics), arrays, ood_arrays, errors, predictive)
@@ -346,16 +356,23 @@ def run_evaluation(
         )
         p_ood = torch.cat([suite[g][0] for g in FAR_GROUPS])
         q_ood = None if q is None else torch.cat([suite[g][1] for g in FAR_GROUPS])
+        ood_no_digit = np.concatenate(
+            [
+                np.zeros(suite[g][0].shape[0], bool) if no_digit[g] is None else no_digit[g]
+                for g in FAR_GROUPS
+            ]
+        )
         ood_source = (
             "the project's OOD suite, far groups pooled (" + ", ".join(FAR_GROUPS) + "; "
             "docs/ood-suite.md)"
         )
     else:
+        ood_no_digit = None
         ood_images = natural_image_patches(OOD_SAMPLES, channels=channels, size=size)
         p_ood, q_ood = forward_all(predictor, _prepare_all(predictor, ood_images))
         ood_source = "scikit-image sample photographs, 64×64 crops resized to the input"
 
-    ev = _evaluate(p, q, labels, p_ood, q_ood, abstain_k=abstain_k)
+    ev = _evaluate(p, q, labels, p_ood, q_ood, abstain_k=abstain_k, ood_no_digit=ood_no_digit)
     metrics = dict(ev.metrics)
     metrics["model"] = {
         "name": str(_card_get(card, "name", default=model_dir.name)),
@@ -369,12 +386,6 @@ def run_evaluation(
         metrics["ood_suite"] = _clean(
             ood_suite_metrics(p, q, suite, abstain_k, no_digit, suite_labels)
         )
-        # "ood" is the far groups pooled as served: an image the reading finds no digit in is
-        # abstained on and ranks most uncertain (ood_suite.NO_DIGIT_SCORE), as in the suite's
-        # own far row; the model's raw scores on those images would describe no served answer
-        far = metrics["ood_suite"]["far"]
-        metrics["ood"] = {**metrics["ood"], "abstain_rate": far["abstain_rate"]}
-        metrics["ood"]["scores"] = far["scores"]
     if calibration:
         metrics["calibration"] = {k: v for k, v in dict(calibration).items() if k != "curve"}
 
