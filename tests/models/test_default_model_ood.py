@@ -86,7 +86,9 @@ def test_cards_record_the_suite_and_the_oe_model_meets_the_targets() -> None:
     default = _card(default_model_dir())
     old = default["metrics"]["evaluation"]["ood_suite"]
     _check_recorded_targets(old)
-    assert old["groups"]["noise"]["meets_target"] is False  # why the OE model exists
+    # as served the reading defers noise (98.6 %); letters and overlays are why the OE models exist
+    assert old["groups"]["letters"]["meets_target"] is False
+    assert old["groups"]["overlaid_digits"]["meets_target"] is False
     card = _card(zoo_model_dir(OE_MODEL))
     suite = card["metrics"]["evaluation"]["ood_suite"]
     _check_recorded_targets(suite)
