@@ -117,6 +117,34 @@ def test_noise_and_patterns_are_not_made_into_digits() -> None:
         assert not out.image.any()
 
 
+def test_the_midtone_share_is_that_of_the_3x3_median() -> None:
+    """_midtone_share counts what scipy's 3×3 median would leave in mid-tones, without the median
+    (two 3×3 counts): exact on random levels, including values at the thresholds."""
+    from models.prepare import FAINT_LEVEL, STROKE_LEVEL, _midtone_share
+
+    rng = np.random.default_rng(3)
+    for shape in ((28, 28), (37, 91), (3, 3)):
+        level = rng.random(shape).astype(np.float32) ** 2
+        level[rng.random(shape) < 0.1] = np.float32(FAINT_LEVEL)
+        level[rng.random(shape) < 0.1] = np.float32(STROKE_LEVEL)
+        med = ndimage.median_filter(level, size=3, mode="reflect")
+        want = float(((med > FAINT_LEVEL) & (med <= STROKE_LEVEL)).mean())
+        assert _midtone_share(level) == pytest.approx(want, abs=0), shape
+
+
+def test_a_digit_on_a_noisy_board_is_not_a_photo(digits) -> None:
+    """Chalk on a dark board photographed with sensor noise: the noise, amplified where the
+    board is dark, is isolated pixels, not a photo's mid-tone areas, so the digit is read (before
+    the median, this picture was ``texture`` and deferred)."""
+    rng = np.random.default_rng(7)
+    board = 255 - _on_paper(digits[0][0], canvas=90, at=(20, 15), side=40).astype(np.float32)
+    board = board * 0.75 + rng.normal(0, 18, board.shape)  # dark, noisy: 19–188 levels + noise
+    out = canonicalise(torch.from_numpy(np.clip(board, 0, 255).astype(np.uint8)))
+    assert out.finding == Finding.ok
+    box, _, _ = _box_and_centre(out.image[0].numpy())
+    assert box in (BOX, BOX + 1)
+
+
 def test_the_reading_never_lowers_the_suites_abstain_rates() -> None:
     """Non-digits must not become digits (issue 32): on the committed sample of the OOD suite,
     the served default abstains on every far group at least as often reading the pictures
