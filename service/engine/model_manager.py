@@ -11,10 +11,11 @@ version, classes, input shape, which member set answers, the calibrated ``abstai
 set, and the JSON that ``GET /v1/models`` shows.
 
 **The served model is durable state.** Every change of the served model (start, promote, reload,
-rollback) is recorded in :class:`ModelHistory` (the jobs database) *before* it is swapped in, with
-the weights' sha256, and only once everything that can fail about it has passed (:func:`_load_sync`:
-the card validated whole, the weights checked against it, the monitor's inputs, the warm-up): a
-model is in the history only if it served. The rule of what a start serves: a promote or rollback
+rollback) is recorded in the model history (:class:`service.engine.repository.ModelRepository`:
+the jobs database, or the fleet's) *before* it is swapped in, with the weights' sha256, and only
+once everything that can fail about it has passed (:func:`_load_sync`: the card validated whole,
+the weights checked against it, the monitor's inputs, the warm-up): a model is in the history only
+if it served. The rule of what a start serves: a promote or rollback
 survives restarts of the same configuration; a start whose configured model (--model-dir /
 VGE_MODEL_DIR, or none = the shipped default) differs from the previous start's serves what it was
 told and logs it (:meth:`ModelManager.load_initial`). A recorded model that cannot be loaded, for
@@ -23,18 +24,19 @@ an ERROR log line names the directory and what to do, ``vge_model_restore_failed
 ``/v1/models`` carries ``restore_failed``, until a promote, reload or rollback records what is
 served.
 
-**The promote gate** (:func:`gate_comparison`): before a promote serves a candidate, it and the
-served model are evaluated on the same fixed data (the bundled MNIST test split and the held-out
-digits, 3,600 images, through the serving path at each model's calibrated ``abstain_k``); a
-candidate worse than the served model beyond the ``promote_max_*`` tolerances is refused (409 with
-the comparison) unless the request says ``force``. The comparison is stored in the history entry.
-Rollback is not gated: it is the escape hatch.
+**The promote gate** (:meth:`ModelManager._gate`): before a promote serves a candidate, it and
+the served model are evaluated on the same fixed data (the bundled MNIST test split and the
+held-out digits, 3,600 images, through the serving path at each model's calibrated ``abstain_k``);
+a candidate worse than the served model beyond the ``promote_max_*`` tolerances is refused (409
+with the comparison) unless the request says ``force``. The comparison is stored in the history
+entry. Rollback is not gated: it is the escape hatch. What the gate checks and decides is
+evaluation (:mod:`models.evaluation.promote_gate`); here it is asked, cached, logged and turned
+into :class:`PromoteRefused`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -44,11 +46,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.checkpoint import (
-    WEIGHTS_FILE,
-    CheckpointError,
-    ModelCard,
-    file_sha256,
+from models.checkpoint import WEIGHTS_FILE, CheckpointError, file_sha256
+from models.evaluation.promote_gate import (
+    GATE_DATA,
+    GateTolerances,
+    compare_for_gate,
+    evaluate_for_gate,
+    gate_skip_reason,
+    gate_verdict,
 )
 from service.common.catalogue import resolve_by_name
 from service.common.errors import Conflict, InvalidValue, NotReady
@@ -57,19 +62,13 @@ from service.common.model_info import ModelInfo
 from service.common.settings import Settings
 from service.engine.predictor import ServedPredictor
 from service.engine.repository import (
-    CONFIGURED_DEFAULT,
     FLEET_RETRY_S,
-    LocalModelRepository,
     ModelRepository,
     configured_model,
     describe_configured,
     resolve_model_dir,
 )
 from service.engine.repository import iso as _iso
-
-#: Before the seam (service.engine.repository) the history was this class; same behaviour.
-ModelHistory = LocalModelRepository
-__all__ = ["CONFIGURED_DEFAULT", "ModelHistory", "configured_model", "resolve_model_dir"]
 
 log = logging.getLogger("vge.models")
 
@@ -188,135 +187,6 @@ def check_recorded_weights(entry: dict[str, Any]) -> None:
                 f"{weights}: sha256 {digest[:16]}… is not the {recorded[:16]}… recorded when it "
                 "was served (the weights were replaced since)"
             )
-
-
-# --------------------------------------------------------------------------- the promote gate
-
-#: What the gate evaluates on: MNIST digits no model trained here ever saw in training or model
-#: selection (the bundled test split, and the 2,000 held-out digits outside the bundled 8k).
-GATE_DATA = "bundled MNIST test split (1,600 digits) + held-out MNIST digits (2,000)"
-_DIGITS = [str(i) for i in range(10)]
-
-
-@functools.lru_cache(maxsize=1)
-def gate_data() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The gate's evaluation data by part: uint8 images ``(N, 28, 28)`` and digit labels."""
-    from models.data import bundled_split, load_bundled_mnist, load_holdout_mnist
-
-    images, labels = load_bundled_mnist()
-    idx = bundled_split()["test"]
-    held_images, held_labels = load_holdout_mnist()
-    return {"test": (images[idx], labels[idx]), "holdout": (held_images, held_labels)}
-
-
-def gate_skip_reason(card: ModelCard) -> str | None:
-    """Why the gate cannot evaluate ``card``'s model on its digits (None: it can).
-
-    The data's labels are the digits 0-9: a model whose classes are not exactly the names
-    ``"0"`` … ``"9"`` (in any order) answers other questions, and accuracy on digits says nothing
-    about it. Inputs of another channel count or size are conformed as the server conforms
-    uploads (gray to RGB, resized), so a digit model of another input shape is still compared.
-    """
-    names = [str(c) for c in card.class_names]
-    if sorted(names) != _DIGITS:
-        shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
-        return (
-            f"{card.name} {card.version}'s classes ({shown}) are not the ten digits '0'…'9' of "
-            "the gate's evaluation data"
-        )
-    return None
-
-
-def _rates(correct: np.ndarray, abstain: np.ndarray) -> dict[str, Any]:
-    accepted = ~abstain
-    return {
-        "n": int(correct.size),
-        "accuracy": round(float(correct.mean()), 5),
-        "accepted_accuracy": round(float(correct[accepted].mean()), 5) if accepted.any() else None,
-        "deferral": round(float(abstain.mean()), 5),
-    }
-
-
-def evaluate_for_gate(predictor: ServedPredictor, batch: int) -> dict[str, Any]:
-    """Accuracy, accepted-answer accuracy and deferral rate of ``predictor`` on :func:`gate_data`,
-    through the serving path (``conform``, ``run``, ``score_columns``) at the card's calibrated
-    ``abstain_k`` for its answer members (1.0 when uncalibrated), in batches of ``batch``.
-
-    Thread-safe on a served predictor (it is called beside the batcher's compute thread).
-    """
-    card = predictor.card
-    options = predictor.options(top_k=1)
-    digit_of = np.array([int(c) for c in card.class_names])
-    same_shape = card.in_channels == 1 and tuple(card.input_size) == (28, 28)
-    parts, corrects, abstains = {}, [], []
-    for part, (images, labels) in gate_data().items():
-        if same_shape:
-            x = images[:, None]
-        else:
-            x = np.stack([predictor.conform(torch.from_numpy(im)[None]).numpy() for im in images])
-        preds, flags = [], []
-        for start in range(0, len(x), batch):
-            columns = predictor.score_columns(predictor.run([x[start : start + batch]]), options)
-            preds.append(columns.column("prediction"))
-            flags.append(columns.column("abstain"))
-        correct = digit_of[np.concatenate(preds)] == labels
-        abstain = np.concatenate(flags)
-        parts[part] = _rates(correct, abstain)
-        corrects.append(correct)
-        abstains.append(abstain)
-    return {
-        "model": card.name,
-        "version": card.version,
-        "abstain_k": round(float(options.abstain_k), 5),
-        "members": options.members,
-        **_rates(np.concatenate(corrects), np.concatenate(abstains)),
-        "by_part": parts,
-    }
-
-
-def compare_for_gate(
-    served: dict[str, Any], candidate: dict[str, Any], settings: Settings
-) -> dict[str, Any]:
-    """The gate's comparison of two :func:`evaluate_for_gate` results: tolerances, deltas
-    (candidate − served) and ``failures``, one sentence per metric worse beyond its tolerance."""
-    tolerances = {
-        "accuracy_drop": settings.promote_max_accuracy_drop,
-        "accepted_accuracy_drop": settings.promote_max_accepted_accuracy_drop,
-        "deferral_rise": settings.promote_max_deferral_rise,
-    }
-    eps = 1e-9  # at exactly the tolerance it passes, whatever the float round-off
-    failures: list[str] = []
-    deltas: dict[str, float | None] = {}
-    for metric, tolerance, what in (
-        ("accuracy", tolerances["accuracy_drop"], "accuracy"),
-        ("accepted_accuracy", tolerances["accepted_accuracy_drop"], "accepted-answer accuracy"),
-    ):
-        s, c = served[metric], candidate[metric]
-        if s is None:  # the served model accepts nothing: nothing to fall short of
-            deltas[metric] = None
-        elif c is None:
-            deltas[metric] = None
-            failures.append(f"the candidate accepts no answer (deferral 1.0); the served "
-                            f"model's {what} is {s:.4f}")  # fmt: skip
-        else:
-            deltas[metric] = round(c - s, 5)
-            if c < s - tolerance - eps:
-                failures.append(f"{what} {c:.4f} is {s - c:.4f} below the served model's "
-                                f"{s:.4f} (tolerance {tolerance:g})")  # fmt: skip
-    s, c = served["deferral"], candidate["deferral"]
-    deltas["deferral"] = round(c - s, 5)
-    tolerance = tolerances["deferral_rise"]
-    if c > s + tolerance + eps:
-        failures.append(f"deferral rate {c:.4f} is {c - s:.4f} above the served model's {s:.4f} "
-                        f"(tolerance {tolerance:g})")  # fmt: skip
-    return {
-        "data": GATE_DATA,
-        "tolerances": tolerances,
-        "served": served,
-        "candidate": candidate,
-        "deltas": deltas,
-        "failures": failures,
-    }
 
 
 class PromoteRefused(Conflict):
@@ -739,9 +609,18 @@ class ModelManager:
             self._evaluations[key] = result
         return result
 
+    def _tolerances(self) -> GateTolerances:
+        """The gate's tolerances: the ``promote_max_*`` settings."""
+        return GateTolerances(
+            accuracy_drop=self.settings.promote_max_accuracy_drop,
+            accepted_accuracy_drop=self.settings.promote_max_accepted_accuracy_drop,
+            deferral_rise=self.settings.promote_max_deferral_rise,
+        )
+
     async def _gate(self, candidate: LoadedModel, force: bool) -> dict[str, Any]:
-        """Compare ``candidate`` with the served model (:func:`compare_for_gate`); the
-        comparison, with its ``verdict`` (passed, forced, skipped), or :class:`PromoteRefused`."""
+        """Compare ``candidate`` with the served model (:func:`compare_for_gate`, its verdict
+        :func:`gate_verdict`); the comparison, with its ``verdict`` (passed, forced, skipped), or
+        :class:`PromoteRefused`."""
         served = self._current
         assert served is not None
         t0 = time.perf_counter()
@@ -755,7 +634,7 @@ class ModelManager:
             comparison = compare_for_gate(
                 await self._evaluation(served.predictor),
                 await self._evaluation(candidate.predictor),
-                self.settings,
+                self._tolerances(),
             )
         except Exception as exc:  # noqa: BLE001 - never serve unchecked because the check broke
             log.exception("promote gate: the evaluation failed")
@@ -764,17 +643,15 @@ class ModelManager:
         comparison["seconds"] = round(time.perf_counter() - t0, 3)
         comparison["force"] = force
         name = f"{candidate.info.name} {candidate.info.version}"
-        if not comparison["failures"]:
-            comparison["verdict"] = "passed"
+        verdict = comparison["verdict"] = gate_verdict(comparison["failures"], force)
+        if verdict == "passed":
             log.info("promote gate passed: %s", name)
             return comparison
         why = "; ".join(comparison["failures"])
-        if force:
-            comparison["verdict"] = "forced"
+        if verdict == "forced":
             log.warning("promote gate: %s is worse than the served model (%s); served anyway "
                         "(force)", name, why)  # fmt: skip
             return comparison
-        comparison["verdict"] = "refused"
         log.warning("promote gate refused %s: %s", name, why)
         raise PromoteRefused(
             f"promote refused: {name} is worse than the served {served.info.name} "
