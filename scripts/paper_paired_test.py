@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 def predictive(model_dir: Path) -> tuple[np.ndarray, dict[str, object]]:
     """The served predictive distribution (q̄ for VGN models, p̄ otherwise) on the test split,
     ``(1600, 10)``, as benchmarks.paper computes it, and the model's card summary."""
-    from benchmarks.paper import SEED, _forward
+    from benchmarks.paper import SEED, forward_members
     from models import data
     from models.predictor import Predictor
 
@@ -50,7 +50,7 @@ def predictive(model_dir: Path) -> tuple[np.ndarray, dict[str, object]]:
     predictor = Predictor.from_dir(model_dir, device="cpu")
     images, _ = data.load_bundled_mnist()
     test = torch.from_numpy(images[data.bundled_split()["test"]]).unsqueeze(1)
-    p, q = _forward(predictor, test)
+    p, q = forward_members(predictor, test)
     mix = (q if q is not None else p).double().mean(dim=1)
     card = predictor.card
     where = model_dir.resolve()
