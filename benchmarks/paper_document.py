@@ -95,7 +95,8 @@ def render(results: Sequence[ConfigResult], context: Mapping[str, Any]) -> str:
         "- **Code**: `benchmarks/paper.py` trains with `models.training.train` and evaluates with "
         "the shipped `models.evaluation` (`evaluate_predictions` for every number here, "
         "`run_evaluation` — what `vge evaluate` runs — for the per-model figures and reports). "
-        "The paper's numbers are constants in that file, each with the table it comes from."
+        "The paper's numbers are constants in `benchmarks/paper_reference.py`, each with the "
+        "table it comes from."
     )
     add("")
     add("## Summary")
