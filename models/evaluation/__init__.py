@@ -8,7 +8,8 @@
 
 One concept per module: :mod:`.classification` (accuracy, macro-F1, ECE, NLL, Brier, diversity),
 :mod:`.ranking` (Spearman/Kendall, AUCc), :mod:`.selective` (risk–coverage, AURC, E-AURC),
-:mod:`.ood` (AUROC, FPR@95, natural-image OOD set), :mod:`.calibration`, :mod:`.plots`, :mod:`.report`.
+:mod:`.ood` (AUROC, FPR@95, natural-image OOD set), :mod:`.calibration`, :mod:`.plots`, :mod:`.report`,
+:mod:`.scores` (``UNCERTAINTY_SCORES`` and ``score_arrays``, shared with :mod:`.ood_suite`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from models.evaluation.classification import (
 )
 from models.evaluation.ood import natural_image_patches, ood_metrics
 from models.evaluation.ranking import aucc, aucc_curve, rank_consistency
+from models.evaluation.scores import UNCERTAINTY_SCORES, max_prob_score, score_arrays
 from models.evaluation.selective import risk_coverage_curve, selective_metrics
 from models.uncertainty.scoring import EnsembleScores, score_members
 from models.uncertainty.validation import check_probs
@@ -47,20 +49,6 @@ __all__ = [
     "score_arrays",
 ]
 
-#: Uncertainty scores evaluated (higher = more uncertain): the ``EnsembleScores`` fields and
-#: ``max_prob``, 1 − max_c of the served mean (:func:`max_prob_score`), the softmax-margin
-#: baseline VGMU must beat to add anything.
-UNCERTAINTY_SCORES = (
-    "vgmu",
-    "max_prob",
-    "tu",
-    "au",
-    "eu",
-    "mutual_information",
-    "epkl",
-    "epjs",
-    "epce",
-)
 #: Scores drawn in the comparison figures (the paper's VGMU vs EU / EPKL / EPJS).
 PLOTTED_SCORES = ("vgmu", "eu", "epkl", "epjs")
 #: Size of the natural-image OOD set used by :func:`run_evaluation`.
@@ -74,29 +62,6 @@ class _Evaluation:
     ood_scores: dict[str, np.ndarray] | None
     errors: np.ndarray
     predictive: np.ndarray  # (N, C) predictive distribution
-
-
-def max_prob_score(p: Tensor, q: Tensor | None = None) -> Tensor:
-    """``1 − max_c`` of the served mean, ``(B,)``: q̄ for VGN models (``q`` given), else p̄ (the
-    distribution :func:`models.uncertainty.scoring.answer_members` serves from)."""
-    members = q if q is not None else p
-    return 1.0 - members.double().mean(dim=1).amax(dim=-1)
-
-
-def score_arrays(
-    scores: EnsembleScores,
-    p: Tensor,
-    q: Tensor | None,
-    names: tuple[str, ...] = UNCERTAINTY_SCORES,
-) -> dict[str, np.ndarray]:
-    """``{score: float64 (B,)}`` for ``names``: fields of ``scores`` (what
-    :func:`~models.uncertainty.scoring.score_members` gave for ``p``/``q``) and ``max_prob``."""
-    return {
-        name: (max_prob_score(p, q) if name == "max_prob" else getattr(scores, name))
-        .double()
-        .numpy()
-        for name in names
-    }
 
 
 def _score_arrays(scores: EnsembleScores, p: Tensor, q: Tensor | None) -> dict[str, np.ndarray]:

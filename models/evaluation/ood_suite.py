@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from models.evaluation.ood import ood_metrics
+from models.evaluation.scores import UNCERTAINTY_SCORES, score_arrays
 from models.prepare import Finding, canonicalise
 from models.uncertainty.scoring import score_members
 
@@ -53,8 +54,6 @@ def _arrays(
 ):
     """Score arrays, abstain flags and predictions; rows in ``no_digit`` (bool) abstain and
     score :data:`NO_DIGIT_SCORE`, as served."""
-    from models.evaluation import score_arrays
-
     s = score_members(p, q, abstain_k=abstain_k)
     arrays = score_arrays(s, p, q, names)
     abstain = s.abstain.numpy()
@@ -152,7 +151,6 @@ def ood_suite_metrics(
     to: ``"abstain"`` (``abstain_rate``), ``"deferred_or_right"`` or None (reported only);
     ``meets_target`` is None without a target or without the labels the target needs."""
     from models.data_ood.suite import FAR_GROUPS
-    from models.evaluation import UNCERTAINTY_SCORES
 
     id_arrays, _, _ = _arrays(p_id, q_id, abstain_k, UNCERTAINTY_SCORES)
     n_classes = p_id.shape[-1]

@@ -18,6 +18,8 @@ from models.checkpoint import (
 )
 from models.data import TORCHVISION_NAMES, parse_imagefolder
 
+from .warmstart import check_init
+
 __all__ = [
     "DEFAULT_ARCHITECTURE",
     "DEFAULT_TARGET_DEFERRAL",
@@ -235,8 +237,6 @@ class TrainConfig(ArchitectureSpec):
                 "(the training bound): fewer members or a smaller backbone"
             )
         if self.init_from is not None:
-            from .warmstart import check_init
-
             check_init(self, init_card)
 
     @model_validator(mode="after")

@@ -57,6 +57,8 @@ from torch import Tensor, nn
 from models.data import DataBundle, denormalise_uint8, normalise_uint8, read_as_served
 from models.ensembles import EnsembleOutput
 
+from .loss import mixture_nll
+
 __all__ = [
     "REVIEWED_SHARE",
     "OutlierExposure",
@@ -252,8 +254,6 @@ class OutlierExposure:
         uniformly for everything: validation accuracy 0.29 at epoch 3). The outliers get flips
         and turns (:meth:`batch`), not the digits' affine augmentation.
         """
-        from .step import mixture_nll
-
         x_out = self.batch(x.device)
         b = y.shape[0]
         with _digit_batchnorm(net, b):

@@ -20,7 +20,7 @@ from torch import nn
 from models.checkpoint import ArchitectureSpec, CheckpointError, ModelCard, read_card
 from models.data import TORCHVISION_NAMES, DataBundle, parse_imagefolder
 
-if TYPE_CHECKING:  # annotations only: config imports this module when it checks init_from
+if TYPE_CHECKING:  # annotations only: config imports this module (no circle at run time)
     from .config import TrainConfig
 
 __all__ = ["architecture_differences", "check_init", "input_family", "load_init"]

@@ -1,0 +1,35 @@
+"""The training loss of the digits, :func:`mixture_nll`: its own module because two steps use it.
+
+The plain training step (:func:`models.training.step.train_step`) and outlier exposure's step
+(:meth:`models.training.outliers.OutlierExposure.loss`, which adds the outliers' term to it) both
+train the digits with this loss, and the step module imports outlier exposure: kept in either of
+them it would close an import circle. It depends on nothing of the training package.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from models.ensembles import EnsembleOutput
+
+__all__ = ["mixture_nll"]
+
+
+def mixture_nll(out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str = "mixture") -> Tensor:
+    """Training loss, mean over the batch. ``log_p`` member log-probs (B, M, C), ``y`` (B,).
+
+    VGN (``out.q`` given): ``-log q̄_y``. Otherwise ``-log p̄_y`` with
+    ``log p̄ = logsumexp_m log p_m - log M`` (stable), or the mean member CE for ``loss="members"``.
+    """
+    if out.q is not None:
+        q_bar = out.q.mean(dim=1)  # (B, C)
+        return -torch.log(q_bar.gather(1, y[:, None]).squeeze(1).clamp_min(1e-12)).mean()
+    if loss == "members":
+        b, m, c = log_p.shape
+        return F.nll_loss(log_p.reshape(b * m, c), y.repeat_interleave(m))
+    log_mix = torch.logsumexp(log_p, dim=1) - math.log(log_p.shape[1])  # (B, C)
+    return F.nll_loss(log_mix, y)
