@@ -42,7 +42,7 @@ ACTIVE = (JobState.QUEUED, JobState.RUNNING)
 
 
 class JobRow(TypedDict):
-    """One row of the ``jobs`` table as :class:`service.engine.jobs.JobStore` reads it."""
+    """One row of the ``jobs`` table as :class:`service.engine.job_store.JobStore` reads it."""
 
     id: str
     state: JobState

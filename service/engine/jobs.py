@@ -1,15 +1,17 @@
-"""Training jobs: run ``models.training.train`` in a separate (spawned) process; persist in SQLite.
+"""Training jobs in the engine: accept, schedule, cancel and record them.
 
-* :class:`JobStore` — job records and progress events in the service database (SQLite, or the
-  shared PostgreSQL of ``VGE_DB_URL``; :mod:`service.common.db`), so a restart
-  loses no history. Jobs that were queued or running when the server died are marked
-  ``interrupted`` at the next start.
-* :class:`JobManager` — resolves and validates submissions, queues jobs (at most
-  ``max_queued_jobs`` waiting), runs up to ``max_concurrent_jobs`` at once, each in its own
-  process (``multiprocessing`` spawn context, lowered CPU priority) so serving latency is not
-  hurt; relays progress events; cancels cooperatively (``should_stop``), then by terminating the
-  process after a grace period. A finished job's model lands in ``models_root/<job id>`` and can
-  be promoted.
+:class:`JobManager` resolves and validates submissions, queues jobs (at most
+``max_queued_jobs`` waiting), runs up to ``max_concurrent_jobs`` at once, each in its own
+process (``multiprocessing`` spawn context, lowered CPU priority) so serving latency is not
+hurt; relays progress events; cancels cooperatively (``should_stop``), then by terminating the
+process after a grace period. A finished job's model lands in ``models_root/<job id>`` and can
+be promoted. Jobs that were queued or running when the server died are marked ``interrupted``
+at the next start.
+
+Split by job: the records live in :mod:`service.engine.job_store` (:class:`JobStore`, SQL, so a
+restart loses no history) and the code that runs inside a job's own process in
+:mod:`service.engine.training_child` (:func:`~service.engine.training_child.child_main`, the
+spawn target); this module is the manager between them.
 
 A submission that names no architecture retrains the served model: its card's recipe, its name
 with version ``<served version>-<job id>`` (so ``/v2/models/{name}`` URLs keep working after a
@@ -28,7 +30,6 @@ States: :class:`~service.common.job_record.JobState` (``queued`` → ``running``
 
 from __future__ import annotations
 
-import builtins
 import json
 import logging
 import multiprocessing as mp
@@ -38,19 +39,20 @@ import re
 import shutil
 import threading
 import time
-import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from models.data import MIXED_SUFFIX, parse_imagefolder
 from service.common.db import Database
 from service.common.errors import Conflict, InvalidValue, NotFound
-from service.common.job_logs import LOG_NAME, CappedLog, read_tail
-from service.common.job_record import ACTIVE, TERMINAL, Job, JobRow, JobState
+from service.common.job_logs import LOG_NAME, read_tail
+from service.common.job_record import ACTIVE, Job, JobRow, JobState
 from service.common.metrics import JOB_STATES, Metrics
 from service.common.settings import Settings
+from service.engine.job_store import JobStore
+from service.engine.training_child import child_main
 
 if TYPE_CHECKING:
     from models.training import TrainConfig
@@ -79,167 +81,6 @@ _SERVER_SET = {
 CANCEL_GRACE_S = 10.0
 #: How often finished jobs' logs past their retention are looked for (at most).
 LOG_SWEEP_INTERVAL_S = 3600.0
-MAX_STORED_EVENTS = 5000
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    config TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    started_at DOUBLE PRECISION,
-    finished_at DOUBLE PRECISION,
-    model_dir TEXT,
-    error TEXT,
-    progress TEXT,
-    metrics TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS job_events (
-    job_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    ts DOUBLE PRECISION NOT NULL,
-    event TEXT NOT NULL,
-    PRIMARY KEY (job_id, seq)
-);
-"""
-
-
-class JobStore:
-    """Job records and their progress events in a :class:`service.common.db.Database` (thread-safe)."""
-
-    def __init__(self, db: Database, owner: str) -> None:
-        self.db = db
-        self.owner = owner  # the replica that runs this store's jobs (VGE_REPLICA_NAME)
-        db.script(_SCHEMA)
-        db.add_column("jobs", "owner", "TEXT")
-
-    def close(self) -> None:
-        self.db.close()
-
-    def create(self, job_id: str, config: dict[str, Any]) -> None:
-        self.db.execute(
-            "INSERT INTO jobs (id, state, config, created_at, owner) VALUES (?, ?, ?, ?, ?)",
-            (job_id, JobState.QUEUED.value, json.dumps(config), time.time(), self.owner),
-        )
-
-    def update(self, job_id: str, **fields: Any) -> None:
-        if "state" in fields:  # a JobState (a bad string raises here, not in a reader)
-            fields["state"] = JobState(fields["state"]).value
-        for key in ("progress", "metrics"):
-            if key in fields and not isinstance(fields[key], str | None):
-                fields[key] = json.dumps(fields[key])
-        cols = ", ".join(f"{k} = ?" for k in fields)
-        self.db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
-
-    def add_event(self, job_id: str, event: dict[str, Any]) -> None:
-        with self.db.transaction() as db:
-            n = int(db.scalar("SELECT COUNT(*) AS n FROM job_events WHERE job_id = ?", (job_id,)))
-            if n < MAX_STORED_EVENTS or event.get("type") != "step":
-                db.execute(
-                    "INSERT INTO job_events (job_id, seq, ts, event) VALUES (?, ?, ?, ?)",
-                    (job_id, n, time.time(), json.dumps(event)),
-                )
-            db.execute("UPDATE jobs SET progress = ? WHERE id = ?", (json.dumps(event), job_id))
-
-    def get(self, job_id: str) -> JobRow | None:
-        row = self.db.fetchone("SELECT * FROM jobs WHERE id = ?", (job_id,))
-        return _row(row) if row else None
-
-    def list(self, limit: int = 100) -> list[JobRow]:
-        rows = self.db.fetchall("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
-        return [_row(r) for r in rows]
-
-    def events(self, job_id: str, limit: int = 200) -> builtins.list[dict[str, Any]]:
-        rows = self.db.fetchall(
-            "SELECT ts, event FROM job_events WHERE job_id = ? ORDER BY seq DESC LIMIT ?",
-            (job_id, limit),
-        )
-        return [{"ts": r["ts"], **json.loads(r["event"])} for r in reversed(rows)]
-
-    def in_state(self, *states: JobState) -> builtins.list[JobRow]:
-        """This replica's jobs in ``states`` (jobs of older versions, without owner, count too)."""
-        marks = ",".join("?" * len(states))
-        rows = self.db.fetchall(
-            f"SELECT * FROM jobs WHERE state IN ({marks}) AND (owner = ? OR owner IS NULL) "
-            "ORDER BY created_at",
-            (*(JobState(s).value for s in states), self.owner),
-        )
-        return [_row(r) for r in rows]
-
-    def finished_before(self, cutoff: float) -> builtins.list[str]:
-        """Ids of this replica's jobs that ended before ``cutoff`` (a time.time())."""
-        marks = ",".join("?" * len(TERMINAL))
-        rows = self.db.fetchall(
-            f"SELECT id FROM jobs WHERE state IN ({marks}) AND finished_at < ? "
-            "AND (owner = ? OR owner IS NULL)",
-            (*sorted(s.value for s in TERMINAL), cutoff, self.owner),
-        )
-        return [r["id"] for r in rows]
-
-    def counts(self) -> dict[JobState, int]:
-        rows = self.db.fetchall("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
-        return {JobState(r["state"]): int(r["n"]) for r in rows}
-
-
-def _row(row: dict[str, Any]) -> JobRow:
-    d = dict(row)
-    for key in ("config", "progress", "metrics"):
-        d[key] = json.loads(d[key]) if d[key] else None
-    d["cancel_requested"] = bool(d["cancel_requested"])
-    d["state"] = JobState(d["state"])
-    d.setdefault("owner", None)
-    return cast(JobRow, d)
-
-
-def _child_main(
-    job_id: str,
-    config_json: str,
-    out_dir: str,
-    log_path: str,
-    events: Any,
-    stop: Any,
-    parent_pid: int,
-    log_max_bytes: int = 16 * 1024 * 1024,
-) -> None:
-    """Entry point of the spawned training process (exits if the server process dies). Its
-    output goes to the job's log, capped at ``log_max_bytes`` (:class:`CappedLog`)."""
-    import contextlib
-    import os
-    import sys
-
-    with contextlib.suppress(OSError):
-        os.nice(10)  # training yields the CPU to serving
-
-    def _watch_parent() -> None:  # never outlive the server (e.g. after SIGKILL)
-        while os.getppid() == parent_pid:
-            time.sleep(1.0)
-        os._exit(3)
-
-    threading.Thread(target=_watch_parent, daemon=True).start()
-    log_file = CappedLog(Path(log_path), log_max_bytes)
-    sys.stdout = sys.stderr = log_file
-    logging.basicConfig(level=logging.INFO, stream=log_file,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
-    try:
-        from models.training import TrainConfig, train
-
-        config = TrainConfig.model_validate_json(config_json)
-        print(f"job {job_id}: training {config_json}", flush=True)
-
-        def on_event(event: dict[str, Any]) -> None:
-            events.put(json.loads(json.dumps(event, default=str)))
-            print(json.dumps(event, default=str), flush=True)
-
-        path = train(config, Path(out_dir), on_event=on_event, should_stop=stop.is_set)
-        events.put({"type": "_result", "model_dir": str(path), "stopped": stop.is_set()})
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit non-zero
-        traceback.print_exc(file=log_file)
-        events.put({"type": "_error", "error": f"{type(exc).__name__}: {exc}"})
-        log_file.flush()
-        raise SystemExit(1) from None
-    finally:
-        log_file.flush()
 
 
 @dataclass
@@ -654,7 +495,7 @@ class JobManager:
         events = self._ctx.Queue()
         stop = self._ctx.Event()
         process = self._ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(job_id, json.dumps(job["config"]), str(out_dir), str(job_dir / LOG_NAME),
                   events, stop, os.getpid(), self.settings.job_log_max_bytes),
             name=f"vge-train-{job_id}",

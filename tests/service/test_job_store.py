@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from service.common.db import Database
-from service.engine.jobs import JobStore
+from service.engine.job_store import JobStore
 
 
 def test_records_events_and_owners(db_url: str) -> None:

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.engine.jobs import TERMINAL
+from service.common.job_record import TERMINAL
 from tests.service.conftest import API_KEY, Server, start_server
 
 H = {"Authorization": f"Bearer {API_KEY}"}
