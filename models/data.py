@@ -547,7 +547,7 @@ def _load_mixed(path: Path, image_size: int | None, max_train_samples: int | Non
     only. Raises ``ValueError`` for a missing or empty folder or a class folder whose name is not a
     bundled class ("0".."9").
 
-    ``path/outliers/*`` (``service.common.reviews.OUTLIER_FOLDER``: images a reviewer marked
+    ``path/outliers/*`` (``service.common.review_images.OUTLIER_FOLDER``: images a reviewer marked
     *not a digit*) is no class: its images, read the same way, are ``extra["outliers"]`` (uint8
     ``(n, 1, 28, 28)``), the reviewed outliers outlier exposure adds to its pool
     (:class:`models.training.outliers.OutlierExposure`). One in which the reading finds no digit
@@ -566,7 +566,7 @@ def _load_mixed(path: Path, image_size: int | None, max_train_samples: int | Non
         raise ValueError(f"ImageFolder directory {path} does not exist")
     base = _load_mnist_bundled(max_train_samples)
     index = {c: i for i, c in enumerate(base.class_names)}
-    outlier_dir = path / "outliers"  # service.common.reviews.OUTLIER_FOLDER: not a class
+    outlier_dir = path / "outliers"  # service.common.review_images.OUTLIER_FOLDER: not a class
     folders = sorted(d for d in path.iterdir() if d.is_dir() and d.name != outlier_dir.name)
     unknown = [d.name for d in folders if d.name not in index]
     if unknown:

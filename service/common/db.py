@@ -1,6 +1,6 @@
 """One small SQL layer for the service's durable state: SQLite on one host, PostgreSQL for several.
 
-The review queue (:mod:`service.common.reviews`), training-job history (:mod:`service.engine.jobs`) and the
+The review queue (:mod:`service.common.review_store`), training-job history (:mod:`service.engine.jobs`) and the
 promotion history (:mod:`service.engine.model_manager`) write through :class:`Database`. Statements are
 written once, in the dialect both engines share (``?`` placeholders, ``ON CONFLICT DO NOTHING``,
 ``RETURNING``, ``DOUBLE PRECISION``); :class:`Database` translates placeholders for psycopg and says

@@ -231,7 +231,7 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
-        # --- human review (service.common.reviews) ---------------------------------------------------
+        # --- human review (service.common.review_store) ----------------------------------------------
         self.review_queue_depth = Gauge(
             "vge_review_queue_depth",
             "Items waiting for a human label (pending), by model; read from the queue's database.",

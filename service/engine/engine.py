@@ -97,7 +97,7 @@ class Engine:
         self.jobs = JobManager(settings, self.metrics)
         self.reviews = None
         if settings.review_enabled:
-            from service.common.reviews import open_review_store
+            from service.common.review_store import open_review_store
 
             self.reviews = open_review_store(settings)
             self.jobs.reviews = self.reviews
@@ -179,13 +179,13 @@ class Engine:
         then hourly).
 
         The engine does this once per replica; front ends write the queue themselves. An
-        unavailable store (service.common.reviews) stops neither this loop nor the engine: the loop
-        retries it (lazily, with the store's backoff), ``vge_review_store_up`` says 0 meanwhile,
-        and the depth gauge keeps its last reading.
+        unavailable store (service.common.review_connection) stops neither this loop nor the engine:
+        the loop retries it (lazily, with the store's backoff), ``vge_review_store_up`` says 0
+        meanwhile, and the depth gauge keeps its last reading.
         """
         if self.reviews is None:
             return
-        from service.common.reviews import WATCH_INTERVAL_S, ReviewStoreUnavailable
+        from service.common.review_connection import WATCH_INTERVAL_S, ReviewStoreUnavailable
 
         store, s = self.reviews, self.settings
         gauge = self.metrics.review_queue_depth

@@ -108,7 +108,7 @@ class JobManager:
         self.on_finished: list[Any] = []
         self._stopping = threading.Event()  # set by shutdown: the log sweeper ends
         self._sweeper: threading.Thread | None = None
-        self.reviews: Any = None  # service.common.reviews.ReviewStore when the review queue is on
+        self.reviews: Any = None  # service.common.review_store.ReviewStore when the queue is on
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -399,7 +399,7 @@ class JobManager:
     def _export_reviews(self, folder: Path, *, outliers: bool = True) -> None:
         """Write the human-labelled review items as an ImageFolder into ``folder`` (the job's
         own, so a job trains on the labels as they were when it was submitted): one folder per
-        class, named by :func:`service.common.reviews.class_folder` (the class name when it is a
+        class, named by :func:`service.common.review_images.class_folder` (the class name when it is a
         safe folder name, never a path), and with ``outliers`` the images marked *not a digit*
         in ``outliers/`` (no class; ``reviews+mnist-bundled`` reads them as outliers). Nothing is
         left behind when it fails or finds nothing to export."""

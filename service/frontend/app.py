@@ -21,8 +21,8 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from service.common.metrics import Metrics
-from service.common.reviews import open_review_store
-from service.common.reviews import watch as review_watch
+from service.common.review_connection import watch as review_watch
+from service.common.review_store import open_review_store
 from service.common.settings import Settings
 from service.frontend.deps import ServiceState
 from service.frontend.engine_client import EngineClient
@@ -51,7 +51,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if state.settings.review_enabled:  # never fails start-up: an unusable store is unavailable
         state.reviews = open_review_store(state.settings)
         watcher = asyncio.get_running_loop().create_task(
-            review_watch(state.reviews, state.metrics.review_store_up)
+            review_watch(state.reviews.connection, state.metrics.review_store_up)
         )
     _warm_up_decoding()
     # Listen only once the engine link is up (bounded; uvicorn calls listen() after this start-up):

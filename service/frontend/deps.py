@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 
 from service.common.metrics import Metrics
 from service.common.model_info import ModelInfo
-from service.common.reviews import ReviewStore
+from service.common.review_store import ReviewStore
 from service.common.settings import Settings
 from service.frontend.engine_client import EngineClient
 

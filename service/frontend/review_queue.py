@@ -1,5 +1,5 @@
 """The front ends' side of the review queue: which answers a request queues (its ``review``
-policy and key), and queuing them in the process's :class:`~service.common.reviews.ReviewStore`
+policy and key), and queuing them in the process's :class:`~service.common.review_store.ReviewStore`
 for ``/v1/predict``, V2 HTTP and V2 gRPC."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from service.common.errors import InvalidValue
-from service.common.reviews import Enqueued, ReviewStore, ReviewStoreUnavailable
+from service.common.review_connection import ReviewStoreUnavailable
+from service.common.review_store import Enqueued, ReviewStore
 
 log = logging.getLogger("vge.reviews")
 

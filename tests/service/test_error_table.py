@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.common import errors, wire
-from service.common.reviews import ReviewStoreUnavailable
+from service.common.review_connection import ReviewStoreUnavailable
 from service.engine.engine import Engine
 from service.engine.model_manager import PromoteRefused
 from service.frontend.error_handlers import install_error_handlers

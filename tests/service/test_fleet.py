@@ -373,7 +373,8 @@ def test_replicas_whose_database_connections_drop_reconnect_and_follow(fleet: Fl
     """PostgreSQL ends every connection of the fleet (as a database restart or failover does):
     each replica reconnects (its LISTEN connection within a second, its queries on their next
     use) and serves what is promoted next, within the same bound. Last in this file: the review
-    store backs off after an outage (service.common.reviews), which the test above would see."""
+    store backs off after an outage (service.common.review_connection), which the test above would
+    see."""
     import psycopg
 
     with psycopg.connect(fleet.db_url, autocommit=True) as conn:

@@ -92,7 +92,8 @@ def _manager(tmp_path: Path, **settings: object):  # noqa: ANN202 - a JobManager
 def test_review_labels_that_are_paths_stay_in_the_jobs_folder(tmp_path: Path) -> None:
     """A training job's data from reviews whose labels are ``../x`` and an absolute path: one
     percent-encoded folder per class inside the job's own folder, nothing anywhere else."""
-    from service.common.reviews import ReviewStore, class_folder
+    from service.common.review_images import class_folder
+    from service.common.review_store import ReviewStore
 
     outside = tmp_path / "outside"
     classes = ["../x", str(outside), "../../../escape", "3"]

@@ -24,7 +24,7 @@ from pathlib import Path, PurePosixPath
 import httpx
 import pytest
 
-from service.common.reviews import ReviewStore
+from service.common.review_store import ReviewStore
 from tests.service.conftest import API_KEY, Server, start_server
 from tests.service.test_jobs import LONG, TINY, _wait
 

@@ -23,7 +23,8 @@ import pytest
 
 from service.common.db import Database, DatabaseUnavailable, check_url, mask_url
 from service.common.metrics import Metrics
-from service.common.reviews import ReviewStore, ReviewStoreUnavailable
+from service.common.review_connection import ReviewStoreUnavailable
+from service.common.review_store import ReviewStore
 from service.frontend.review_queue import queue_answers
 from tests import postgres
 from tests.service.conftest import Server, start_server
@@ -47,7 +48,7 @@ def _queue(store: ReviewStore, data: bytes) -> dict[str, object]:
 
 
 def _until(cond: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    """Poll ``cond`` (the store's retries back off up to service.common.reviews.RETRY_MAX_S)."""
+    """Poll ``cond`` (the store's retries back off up to service.common.review_connection.RETRY_MAX_S)."""
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from service.common.reviews import OUTLIER_FOLDER, ReviewStore
+from service.common.review_images import OUTLIER_FOLDER
+from service.common.review_store import ReviewStore
 
 CLASSES = [str(i) for i in range(10)]
 #: A small architecture, trained for one epoch on 256 bundled digits (as tests/service/test_jobs.py).

@@ -9,7 +9,8 @@ import pytest
 
 from service.common.db import Database
 from service.common.errors import Conflict, InvalidValue, NotFound
-from service.common.reviews import ReviewStore, sniff_content_type
+from service.common.review_images import sniff_content_type
+from service.common.review_store import ReviewStore
 
 CLASSES = [str(i) for i in range(10)]
 PNG = b"\x89PNG\r\n\x1a\n" + b"pixels"
@@ -93,7 +94,7 @@ def test_a_queue_from_before_the_byte_bound_gets_its_size_column(tmp_path: Path)
     """An older queue's table has no size column: it is added (0 for its items)."""
     import sqlite3
 
-    from service.common.reviews import SCHEMA
+    from service.common.review_store import SCHEMA
 
     path = tmp_path / "old.sqlite3"
     old_schema = SCHEMA.replace(",\n    size BIGINT NOT NULL DEFAULT 0", "")
@@ -287,7 +288,7 @@ PATHS = ["../x", "/abs/olute", "..", ".", "a/../../b", "-rf", "x" * 300, "ünï"
 def test_class_names_never_become_paths(db_url: str, tmp_path: Path) -> None:
     from pathlib import PurePosixPath
 
-    from service.common.reviews import class_folder
+    from service.common.review_images import class_folder
 
     folders = [class_folder(c) for c in PATHS]
     assert folders[:4] == ["%2E%2E%2Fx", "%2Fabs%2Folute", "%2E%2E", "%2E"]
@@ -344,7 +345,7 @@ def test_not_a_digit_is_no_class(db_url: str, tmp_path: Path) -> None:
     """*Not a digit* is a reviewed item without a label: no class, counted apart from the
     human–model agreement, exported under ``outliers/`` (never a class's folder), and it can be
     corrected either way with the history kept."""
-    from service.common.reviews import OUTLIER_FOLDER, class_folder
+    from service.common.review_images import OUTLIER_FOLDER, class_folder
 
     store = make_store(db_url, tmp_path)
     digit = queue(store, PNG + b"d", label="3", now=0.0).review_id

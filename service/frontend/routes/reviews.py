@@ -1,13 +1,13 @@
 """``/v1/reviews``: the human review queue's API, and ``GET /review``, the reviewer page.
 
-Thin routes over :class:`service.common.reviews.ReviewStore` (every front end opens the shared store
+Thin routes over :class:`service.common.review_store.ReviewStore` (every front end opens the shared store
 itself; nothing goes through the engine). All ``/v1/reviews`` endpoints need a reviewer key as
 ``Authorization: Bearer``: a personal one (``VGE_REVIEWER_KEYS="alice:<key>,bob:<key>"``), whose
 name is who acts (a ``reviewer`` in the body is then ignored: the key's name is recorded), or the
 shared ``VGE_REVIEWER_KEY`` (or the admin ``VGE_API_KEY``), with which the client names itself
 (``reviewer`` in the body, default ``"reviewer"``) and the item records ``reviewer_via:
 "shared_key"``: a claimed name, not a verified one. Claim and skip need no body. A store that is
-unavailable answers 503 naming it (service.common.reviews). The page and the images are sent with a
+unavailable answers 503 naming it (service.common.review_connection). The page and the images are sent with a
 Content-Security-Policy (``frame-ancestors 'none'``) and ``X-Content-Type-Options: nosniff``.
 """
 
@@ -29,7 +29,7 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from service.common.errors import Forbidden
-from service.common.reviews import ReviewStore
+from service.common.review_store import ReviewStore
 from service.frontend.auth import ReviewerKey
 from service.frontend.deps import State
 from service.frontend.routes.schemas import error_responses
@@ -173,7 +173,7 @@ async def review_stats(_: ReviewerKey, state: State, model: ModelName = None) ->
 async def export_reviews(_: ReviewerKey, state: State, model: ModelName = None) -> Response:
     """Stream the reviewed items as an ImageFolder tar: ``<class>/<sha256>.png``, the class's
     name as its folder when it is a safe folder name, else percent-encoded
-    (``service.common.reviews.class_folder``), and the images marked not a digit as
+    (``service.common.review_images.class_folder``), and the images marked not a digit as
     ``outliers/<sha256>.png`` (no class is ever that folder; leave it out to use the tar as a
     plain ImageFolder of classes)."""
     store = state.review_store()

@@ -1,16 +1,18 @@
-"""The human review queue: abstained (or chosen) predictions stored durably for a person to label.
+"""The human review queue's store: its SQL table and every query on it.
 
 Why: the abstain flag (VGMU below ``abstain_k``, paper §3.2) routes a decision to a human; this is
 where it goes. Every front-end process queues directly into one shared store, so the queue needs
-no extra hop through the engine:
+no extra hop through the engine. This module is the queue's meaning (states, bounds, claims,
+labels, statistics, export, retention); the connection that keeps it available is
+:mod:`service.common.review_connection`, and its images on disk :mod:`service.common.review_images`.
 
 * metadata in :class:`service.common.db.Database` (table ``reviews``: SQLite by default, PostgreSQL when
   several replicas share one queue), the full answer as JSON (model, version, prediction, top-k
   probabilities, VGMU, SNR, TU/AU/EU, abstain_k) and the model's class names (to check labels even
   after another model is promoted);
-* image bytes on disk, content-addressed by sha256 (``<review_dir>/blobs/ab/abcdef…``): the same
-  image queued twice is stored once, and while it is pending for the same model it is one item
-  (``already_queued`` returns the existing id, so reviewers never label the same image twice).
+* image bytes on disk, content-addressed by sha256 (:class:`~service.common.review_images.BlobStore`):
+  the same image queued twice is stored once, and while it is pending for the same model it is one
+  item (``already_queued`` returns the existing id, so reviewers never label the same image twice).
 
 States: ``pending`` → ``reviewed`` (a label from the model's classes, or *not a digit*) |
 ``skipped``; a skipped item can still be labelled later, and a reviewed one relabelled: every earlier label stays in the item's
@@ -18,8 +20,9 @@ States: ``pending`` → ``reviewed`` (a label from the model's classes, or *not 
 digit* (:meth:`ReviewStore.mark_not_a_digit`; ``"not_a_digit": true`` in the API) says the image
 is none of the model's classes: it is no class and never becomes one. It is stored as a reviewed
 item without a label (a reviewed item with a class always has one), counted apart from the
-human–model agreement in :meth:`ReviewStore.stats`, exported under :data:`OUTLIER_FOLDER`, and
-trains as an outlier of outlier exposure (service.engine.jobs, models.data). Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
+human–model agreement in :meth:`ReviewStore.stats`, exported under
+:data:`~service.common.review_images.OUTLIER_FOLDER`, and trains as an outlier of outlier
+exposure (service.engine.jobs, models.data). Claiming (:meth:`ReviewStore.claim`) hands the next pending item to
 one reviewer for a lease; until it expires no other reviewer is handed that item (PostgreSQL:
 ``FOR UPDATE SKIP LOCKED``; SQLite: one writer at a time, so the ``UPDATE … RETURNING`` is atomic).
 Bounded: at most ``max_items`` pending items and ``max_bytes`` of their images (checked before
@@ -28,36 +31,18 @@ queue refuses to queue (the answer says ``queue_full``) and writes nothing to di
 fails the prediction. Without the byte bound, anonymous clients could fill the disk within the
 item bound: a PNG padded with a 7 MiB text chunk is a valid image, stored as sent.
 
-Failures stay in the queue (predictions do not need it). A store that is missing, corrupt,
-unwritable or unreachable (PostgreSQL down) makes :class:`ReviewStore` *unavailable*, never its
-process: opening it never raises, predictions answer ``review_status: "unavailable"``, the review
-API answers 503 naming the file or URL (password masked) and what to do, the log says the same
-once per outage, and ``vge_review_store_up`` reads 0. It is retried lazily, on use and by each
-process's watcher (:func:`watch`), with a backoff from 0 to :data:`RETRY_MAX_S`, and serves again
-once fixed. The SQLite file's identity (device, inode) is compared on every use and after every
-write: a file deleted or replaced under the server is noticed, and what was written to the old
-file is not answered ``queued`` (an answer says ``queued`` only once its row is committed to the
-file at the queue's path, fsynced: ``synchronous=FULL``, with a rollback journal rather than a WAL
-that would outlive a deleted file, see :class:`service.common.db.Database`). A missing file is created only for a new
-queue (no stored images yet); beside stored images, a missing file means the database was deleted
-or its volume is not mounted, and the queue stays unavailable until the file is restored (or
-``touch``-ed, for an empty queue), instead of queueing into a fresh file that the lost one's
-images no longer match.
+Failures stay in the queue (predictions do not need it): every query goes through the store's
+:class:`~service.common.review_connection.ReviewConnection`, so a store that is missing, corrupt,
+unwritable or unreachable makes :class:`ReviewStore` unavailable
+(:class:`~service.common.review_connection.ReviewStoreUnavailable`), never its process.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import hashlib
 import json
-import logging
-import os
-import re
-import sqlite3
 import statistics
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -65,11 +50,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from service.common.db import Database, check_url, scrub, sqlite_path
-from service.common.errors import Conflict, DatabaseUnavailable, InvalidValue, NotFound
+from service.common.db import Database
+from service.common.errors import Conflict, InvalidValue, NotFound
+from service.common.review_connection import ReviewConnection
+from service.common.review_images import OUTLIER_FOLDER, BlobStore, class_folder, sniff_content_type
 from service.common.settings import Settings
-
-log = logging.getLogger("vge.reviews")
 
 State = Literal["pending", "reviewed", "skipped"]
 Order = Literal["oldest", "vgmu"]
@@ -106,59 +91,6 @@ CREATE UNIQUE INDEX IF NOT EXISTS reviews_one_pending ON reviews (sha256, model)
     WHERE state = 'pending'
 """
 
-_MAGIC: tuple[tuple[bytes, str], ...] = (
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"GIF8", "image/gif"),
-    (b"BM", "image/bmp"),
-)
-
-
-def sniff_content_type(data: bytes) -> str:
-    """The image type from its first bytes (clients' declared types are not trusted)."""
-    for magic, ctype in _MAGIC:
-        if data.startswith(magic):
-            return ctype
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return "application/octet-stream"
-
-
-#: The export's folder of the images reviewers marked *not a digit* (none of the model's classes):
-#: ``outliers/<sha256>.png`` beside the class folders. :func:`class_folder` never returns it: a
-#: class literally named ``outliers`` gets ``%6Futliers``.
-OUTLIER_FOLDER = "outliers"
-
-#: A class name used as it is for its folder in exports and training data: letters, digits,
-#: ``_ . + -``, starting with a letter or digit (never ``.``, ``..``, a ``/`` or a hidden name),
-#: at most 100 characters. Model cards' class names are checked elsewhere; this holds whatever
-#: a card said.
-SAFE_CLASS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
-#: Bytes kept as they are when a class name is percent-encoded (every other byte is ``%XX``).
-_KEEP_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-
-
-def class_folder(label: str) -> str:
-    """The folder name of class ``label`` in exports and training data: ``label`` itself when it
-    matches :data:`SAFE_CLASS_NAME` (the digits' ``"0"``…``"9"``, ``"cat"``), else its UTF-8
-    bytes percent-encoded but for letters, digits and ``_`` (``../x`` → ``%2E%2E%2Fx``), or
-    ``%sha256-<hex>`` when that is longer than 200 characters. A class named like
-    :data:`OUTLIER_FOLDER` gets its first letter encoded (``%6Futliers``): that folder holds the
-    images marked *not a digit*.
-
-    Never a path of more than one component, never ``.`` or ``..``, and one-to-one: a safe name
-    has no ``%`` and an encoded one always has one, so two classes never share a folder (the
-    letters of an encoded name are kept as they are, so only the reserved name starts ``%6F``).
-    """
-    if label == OUTLIER_FOLDER:
-        return f"%{ord(label[0]):02X}{label[1:]}"
-    if SAFE_CLASS_NAME.fullmatch(label):
-        return label
-    encoded = "".join(chr(b) if b in _KEEP_BYTES else f"%{b:02X}" for b in label.encode())
-    if len(encoded) <= 200 and "%" in encoded:
-        return encoded
-    return "%sha256-" + hashlib.sha256(label.encode()).hexdigest()
-
 
 @dataclass(frozen=True)
 class Enqueued:
@@ -173,54 +105,6 @@ class Enqueued:
 #: The advisory lock key of claiming on PostgreSQL ("vgec"): a key's claim count and its new
 #: claim are one step, so replicas racing at the bound cannot pass it.
 _CLAIM_LOCK = 0x76676563
-
-#: The longest wait between two attempts to reopen an unavailable store (the first is at once).
-RETRY_MAX_S = 5.0
-#: How often each process's watcher checks its store (file identity; a retry when one is due).
-WATCH_INTERVAL_S = 2.0
-
-
-class ReviewStoreUnavailable(DatabaseUnavailable):
-    """The review queue's store cannot be used now (503 with Retry-After); the message names the
-    file or URL and what to do."""
-
-    code = "review_store_unavailable"
-
-
-def _faults() -> tuple[type[BaseException], ...]:
-    """What makes the store unavailable: its database's and its files' failures."""
-    faults: tuple[type[BaseException], ...] = (DatabaseUnavailable, sqlite3.Error, OSError)
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - without the postgres extra
-        return faults
-    return (*faults, psycopg.Error)
-
-
-class BlobStore:
-    """Image bytes on disk by sha256, written atomically (temp file + rename), stored once."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def path(self, sha: str) -> Path:
-        return self.root / sha[:2] / sha
-
-    def put(self, data: bytes) -> str:
-        sha = hashlib.sha256(data).hexdigest()
-        path = self.path(sha)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{sha}.{uuid.uuid4().hex}")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        return sha
-
-    def get(self, sha: str) -> bytes:
-        return self.path(sha).read_bytes()
-
-    def delete(self, sha: str) -> None:
-        self.path(sha).unlink(missing_ok=True)
 
 
 #: Per order: the sort key, and the ORDER BY (the id breaks ties, so pages never overlap).
@@ -251,7 +135,8 @@ class ReviewStore:
     ``db`` is the database URL (the store opens, and when it fails reopens, its own connection)
     or an open :class:`Database` (used for the first opening). Constructing never raises: a store
     that cannot be opened is unavailable (:attr:`up` False, :attr:`problem` says why) and every
-    method raises :class:`ReviewStoreUnavailable` until a retry succeeds.
+    method raises :class:`~service.common.review_connection.ReviewStoreUnavailable` until a retry
+    succeeds (:class:`~service.common.review_connection.ReviewConnection`, :attr:`connection`).
     """
 
     def __init__(
@@ -265,234 +150,74 @@ class ReviewStore:
         max_claims: int = 10,
         max_history: int = 50,
     ) -> None:
-        self._given = db if isinstance(db, Database) else None
-        self.url = db.url if isinstance(db, Database) else check_url(db, "review database URL")
-        self.postgres = self.url.startswith(("postgresql://", "postgres://"))
-        self.path = None if self.postgres else sqlite_path(self.url)
         self.blobs = BlobStore(blob_root)
         self.max_items = max_items
         self.max_bytes = max_bytes
         self.lease_s = lease_s
         self.max_claims = max_claims
         self.max_history = max_history
-        self._db: Database | None = None
-        self._identity: tuple[int, int] | None = None  # the SQLite file's (st_dev, st_ino)
-        self._lock = threading.Lock()  # one (re)opening at a time; users never wait for it
-        self._failures = 0  # consecutive failed openings: the backoff's exponent
-        self._retry_at = 0.0  # time.monotonic() of the next opening attempt
-        self.problem: str | None = None  # why the store is unavailable (None: it is up)
-        self._faults = _faults()
-        with contextlib.suppress(ReviewStoreUnavailable):
-            self._connection()
+        # the last: its first opening prepares the tables (_prepare reads the blobs' sizes)
+        self.connection = ReviewConnection(db, blob_root, self._prepare)
 
     # ------------------------------------------------------------------ availability
     @property
+    def url(self) -> str:
+        """The database URL (as given: with its password)."""
+        return self.connection.url
+
+    @property
+    def postgres(self) -> bool:
+        """Whether the queue is on PostgreSQL (else SQLite)."""
+        return self.connection.postgres
+
+    @property
+    def path(self) -> Path | None:
+        """The SQLite file (None on PostgreSQL)."""
+        return self.connection.path
+
+    @property
     def where(self) -> str:
         """The store for messages: its SQLite file, or its URL with the password masked."""
-        from service.common.db import mask_url
-
-        return str(self.path) if self.path is not None else mask_url(self.url)
+        return self.connection.where
 
     @property
     def backend(self) -> str:
         """``sqlite`` or ``postgresql`` (the ``vge_review_store_up`` label)."""
-        return "postgresql" if self.postgres else "sqlite"
+        return self.connection.backend
 
     @property
     def up(self) -> bool:
         """Whether the last use (or attempt to open) succeeded."""
-        return self.problem is None
+        return self.connection.up
+
+    @property
+    def problem(self) -> str | None:
+        """Why the store is unavailable (None: it is up)."""
+        return self.connection.problem
 
     @property
     def db(self) -> Database:
         """The open database (opened, or reopened, if it has to be)."""
-        return self._connection()
+        return self.connection.db
 
     def check(self) -> bool:
         """Notice a deleted or replaced file, retry an unavailable store when a retry is due;
-        whether it is up. What each process's watcher calls every :data:`WATCH_INTERVAL_S`."""
-        with contextlib.suppress(ReviewStoreUnavailable):
-            self._connection()
-        return self.up
+        whether it is up (:meth:`ReviewConnection.check`)."""
+        return self.connection.check()
 
-    def _same_file(self) -> bool:
-        """Whether the SQLite file at the queue's path is still the one this store opened."""
-        if self.path is None:
-            return True
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return False
-        return (st.st_dev, st.st_ino) == self._identity
+    def close(self) -> None:
+        """Close the connection (the process ends)."""
+        self.connection.close()
 
-    def _unavailable(self) -> ReviewStoreUnavailable:
-        return ReviewStoreUnavailable(
-            f"the review queue is unavailable: {self.problem}",
-            headers={"Retry-After": str(max(1, round(RETRY_MAX_S)))},
-        )
-
-    def _connection(self) -> Database:
-        db = self._db
-        if db is not None and self._same_file():
-            return db
-        if not self._lock.acquire(blocking=False):  # another thread (re)opens: do not wait on it
-            raise ReviewStoreUnavailable(
-                f"the review queue is unavailable: {self.problem or self.where + ' is reopened'}"
-                "; retry shortly",
-                headers={"Retry-After": "1"},
-            )
-        try:
-            if self._db is not None:
-                if self._same_file():
-                    return self._db
-                self._lose(
-                    f"the SQLite file {self.where} was deleted or replaced while the server used "
-                    "it; what it held is only in a backup now",
-                    at_once=True,
-                )
-            if time.monotonic() < self._retry_at:
-                raise self._unavailable()
-            try:
-                self._db = self._open()
-            except self._faults as exc:
-                self._fail(exc)
-                raise self._unavailable() from None
-            if self.problem is not None:
-                log.warning("review queue: %s is available again; queueing resumes", self.where)
-            self.problem, self._failures, self._retry_at = None, 0, 0.0
-            return self._db
-        finally:
-            self._lock.release()
-
-    def _open(self) -> Database:
-        """Open the database, create or migrate its tables, check that images can be written."""
-        given, self._given = self._given, None
-        if self.path is None:
-            db = given or Database(self.url, synchronous="FULL", connect_timeout=3)
-        else:
-            db = given or self._open_sqlite(self.path)
-        try:
-            db.script(SCHEMA)
-            db.add_column("reviews", "size", "BIGINT NOT NULL DEFAULT 0")  # queues before 0.3
-            db.add_column("reviews", "reviewer_via", "TEXT")  # before reviewer identities
-            db.add_column("reviews", "history", "TEXT NOT NULL DEFAULT '[]'")  # before relabels
-            db.add_column("reviews", "history_dropped", "INTEGER NOT NULL DEFAULT 0")
-            db.add_column("reviews", "claimed_via", "TEXT")  # before the per-key claim bound
-            self._fill_sizes(db)
-            self.blobs.root.mkdir(parents=True, exist_ok=True)
-            probe = self.blobs.root / f".probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            probe.write_bytes(b"")  # unwritable (read-only volume, full disk, ...) fails here
-            probe.unlink()
-            if self.path is not None:
-                st = os.stat(self.path)
-                self._identity = (st.st_dev, st.st_ino)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                db.close()
-            raise
-        return db
-
-    def _open_sqlite(self, path: Path) -> Database:
-        """Open the SQLite file; create it only for a new queue (see the module's docstring).
-
-        A rollback journal, not a WAL (:class:`Database`), and a missing file beside a journal or
-        WAL left from the deleted one is not created: that journal would be applied to it.
-        """
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            for suffix in ("-journal", "-wal", "-shm"):
-                if (stale := Path(f"{path}{suffix}")).exists():
-                    raise FileNotFoundError(
-                        f"{path} is missing but {stale} is left from the deleted file: remove "
-                        f"{stale.name}, then restore {path.name} from a backup or `touch {path}` "
-                        "to start an empty queue"
-                    )
-            if self._holds_images():
-                raise FileNotFoundError(
-                    f"{path} is missing but {self.blobs.root} holds queued images: the queue's "
-                    "database was deleted, or its volume is not mounted. Restore the file from a "
-                    f"backup (or mount the volume), or `touch {path}` to start an empty queue"
-                )
-        return Database(self.url, synchronous="FULL", journal="DELETE")
-
-    def _holds_images(self) -> bool:
-        try:
-            return any(p.is_file() for p in self.blobs.root.rglob("*"))
-        except OSError:
-            return False
-
-    def _lose(self, problem: str, *, at_once: bool = False) -> None:
-        """Drop the connection and go unavailable (log once per outage)."""
-        db, self._db = self._db, None
-        if db is not None:
-            with contextlib.suppress(Exception):
-                db.close()
-        if self.problem is None:
-            log.error(
-                "review queue: %s. Predictions are still answered (review_status "
-                '"unavailable"); the store is retried by itself', problem,
-            )  # fmt: skip
-        elif problem != self.problem:
-            log.warning("review queue still unavailable: %s", problem)
-        self.problem = problem
-        if at_once:
-            self._failures, self._retry_at = 0, 0.0
-            return
-        delay = 0.0 if self._failures == 0 else min(RETRY_MAX_S, 0.5 * 2 ** (self._failures - 1))
-        self._failures += 1
-        self._retry_at = time.monotonic() + delay
-
-    def _fail(self, exc: BaseException) -> None:
-        self._lose(self._describe(exc))
-
-    def _describe(self, exc: BaseException) -> str:
-        """What failed and what to do, naming the file or URL (never its password)."""
-        detail = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else "", self.url)
-        what = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
-        where = self.where
-        if self.postgres:
-            fix = (
-                f"check that the PostgreSQL server of {where} runs and accepts this replica "
-                "(VGE_DB_URL)"
-            )
-        elif isinstance(exc, FileNotFoundError) and str(self.path) in detail:
-            return detail
-        elif isinstance(exc, sqlite3.DatabaseError) and (
-            "not a database" in detail or "malformed" in detail
-        ):
-            fix = (
-                f"{where} is corrupt: move it aside and restore a backup, or move it aside and "
-                f"`touch {where}` to start an empty queue"
-            )
-        elif isinstance(exc, OSError) or "readonly" in detail or "unable to open" in detail:
-            fix = (
-                f"make {where} and {self.blobs.root} writable by the server (VGE_REVIEW_DIR: "
-                "free space, permissions, a mounted volume)"
-            )
-        else:
-            fix = f"check {where} (VGE_REVIEW_DIR / VGE_DB_URL)"
-        return f"{where} failed ({what}); {fix}; retry shortly"
-
-    @contextlib.contextmanager
-    def _use(self, *, writes: bool = False) -> Iterator[Database]:
-        """The database for one operation; its failure makes the store unavailable. With
-        ``writes``, the file is checked again afterwards: a write that went to a file deleted or
-        replaced meanwhile is reported unavailable, not done."""
-        db = self._connection()
-        try:
-            yield db
-        except self._faults as exc:
-            if self._db is db:
-                self._fail(exc)
-            raise self._unavailable() from None
-        if writes and not self._same_file():
-            if self._db is db:
-                self._lose(
-                    f"the SQLite file {self.where} was deleted or replaced while the server "
-                    "wrote to it; what it held is only in a backup now",
-                    at_once=True,
-                )
-            raise self._unavailable()
+    def _prepare(self, db: Database) -> None:
+        """Create or migrate the queue's table on a newly opened database."""
+        db.script(SCHEMA)
+        db.add_column("reviews", "size", "BIGINT NOT NULL DEFAULT 0")  # queues before 0.3
+        db.add_column("reviews", "reviewer_via", "TEXT")  # before reviewer identities
+        db.add_column("reviews", "history", "TEXT NOT NULL DEFAULT '[]'")  # before relabels
+        db.add_column("reviews", "history_dropped", "INTEGER NOT NULL DEFAULT 0")
+        db.add_column("reviews", "claimed_via", "TEXT")  # before the per-key claim bound
+        self._fill_sizes(db)
 
     def _fill_sizes(self, db: Database) -> None:
         """Pending items of a queue from before the byte bound have size 0: count them at their
@@ -504,12 +229,6 @@ class ReviewStore:
             except OSError:
                 continue
             db.execute("UPDATE reviews SET size = ? WHERE id = ?", (size, r["id"]))
-
-    def close(self) -> None:
-        """Close the connection (the process ends)."""
-        db, self._db = self._db, None
-        if db is not None:
-            db.close()
 
     # ------------------------------------------------------------------ queueing
     def enqueue(
@@ -528,7 +247,7 @@ class ReviewStore:
         out = []
         # One check of the file after all writes: an item is answered queued only if its row is
         # in the file at the queue's path (ReviewStoreUnavailable otherwise: none is queued).
-        with self._use(writes=True) as db:
+        with self.connection.use(writes=True) as db:
             for i, (data, answer) in enumerate(zip(images, answers, strict=True)):
                 sha = hashlib.sha256(data).hexdigest()
                 # A microsecond apart: "oldest first" keeps a request's images in their order.
@@ -582,14 +301,14 @@ class ReviewStore:
 
     def pending_count(self, model: str | None = None) -> int:
         sql = "SELECT COUNT(*) AS n FROM reviews WHERE state = 'pending'"
-        with self._use() as db:
+        with self.connection.use() as db:
             if model is None:
                 return int(db.scalar(sql))
             return int(db.scalar(sql + " AND model = ?", (model,)))
 
     def depth_by_model(self) -> dict[str, int]:
         """Pending items per model (the ``vge_review_queue_depth`` gauge)."""
-        with self._use() as db:
+        with self.connection.use() as db:
             rows = db.fetchall(
                 "SELECT model, COUNT(*) AS n FROM reviews WHERE state = 'pending' GROUP BY model"
             )
@@ -618,7 +337,7 @@ class ReviewStore:
             past = ">" if order == "oldest" else "<"
             where.append(f"({key} {past} ? OR ({key} = ? AND id > ?))")
             params += [after_key, after_key, after_id]
-        with self._use() as db:
+        with self.connection.use() as db:
             rows = db.fetchall(
                 f"SELECT * FROM reviews WHERE {' AND '.join(where)} ORDER BY {sort} LIMIT ?",
                 (*params, limit + 1),
@@ -638,11 +357,11 @@ class ReviewStore:
         except FileNotFoundError:
             raise NotFound(f"the image of review {item_id} is no longer stored") from None
         except OSError as exc:
-            self._fail(exc)
-            raise self._unavailable() from None
+            self.connection.fail(exc)
+            raise self.connection.unavailable() from None
 
     def _row(self, item_id: str) -> dict[str, Any]:
-        with self._use() as db:
+        with self.connection.use() as db:
             row = db.fetchone("SELECT * FROM reviews WHERE id = ?", (item_id,))
         if row is None:
             raise NotFound(f"no review {item_id!r}")
@@ -697,7 +416,7 @@ class ReviewStore:
         if model:
             filt += " AND model = ?"
             params.append(model)
-        with self._use() as conn, conn.transaction() as db:
+        with self.connection.use() as conn, conn.transaction() as db:
             if db.postgres:  # the count and the claim below as one step among replicas
                 db.execute("SELECT pg_advisory_xact_lock(?)", (_CLAIM_LOCK,))
             self._check_claims(db, reviewer, via, model, now)
@@ -780,7 +499,7 @@ class ReviewStore:
         via: str | None,
     ) -> dict[str, Any]:
         now = time.time() if now is None else now
-        with self._use(writes=True) as conn, conn.transaction() as db:
+        with self.connection.use(writes=True) as conn, conn.transaction() as db:
             row = db.fetchone(f"SELECT * FROM reviews WHERE id = ?{db.for_update}", (item_id,))
             if row is None:
                 raise NotFound(f"no review {item_id!r}")
@@ -830,7 +549,7 @@ class ReviewStore:
         where, params = ("WHERE model = ?", (model,)) if model else ("", ())
         counts = {s: 0 for s in STATES}
         and_model = "AND model = ?" if model else ""
-        with self._use() as db:
+        with self.connection.use() as db:
             for r in db.fetchall(
                 f"SELECT state, COUNT(*) AS n FROM reviews {where} GROUP BY state", params
             ):
@@ -872,7 +591,7 @@ class ReviewStore:
         ``not_a_digit``: the items marked *not a digit* instead (``label`` None), each image once."""
         and_model = "AND model = ?" if model else ""
         has_label = "IS NULL" if not_a_digit else "IS NOT NULL"
-        with self._use() as db:
+        with self.connection.use() as db:
             rows = db.fetchall(
                 "SELECT label, sha256, content_type, MIN(created_at) AS first_at FROM reviews "
                 f"WHERE state = 'reviewed' AND label {has_label} {and_model} "
@@ -908,7 +627,7 @@ class ReviewStore:
     def not_a_digit_count(self, model: str | None = None) -> int:
         """How many distinct images are marked *not a digit* (what a job's outlier set gets)."""
         and_model = "AND model = ?" if model else ""
-        with self._use() as db:
+        with self.connection.use() as db:
             return int(db.scalar(
                 "SELECT COUNT(DISTINCT sha256) AS n FROM reviews WHERE state = 'reviewed' "
                 f"AND label IS NULL {and_model}", (model,) if model else (),
@@ -920,7 +639,7 @@ class ReviewStore:
         images no remaining item refers to. Pending items are never deleted. Returns rows deleted."""
         now = time.time() if now is None else now
         cutoff = now - retention_days * 86400.0
-        with self._use(writes=True) as db:
+        with self.connection.use(writes=True) as db:
             old = db.fetchall(
                 "SELECT DISTINCT sha256 FROM reviews WHERE state <> 'pending' AND reviewed_at < ?",
                 (cutoff,),
@@ -937,27 +656,13 @@ class ReviewStore:
         return deleted
 
 
-async def watch(store: ReviewStore, gauge: Any) -> None:
-    """Each process's watcher: every :data:`WATCH_INTERVAL_S`, notice a deleted or replaced file,
-    retry an unavailable store when due, and set ``gauge`` (``vge_review_store_up``, labelled with
-    the store's backend) to 1 or 0.
-
-    Without it a process that saw the store fail would say so until its next review request, and
-    one holding a deleted SQLite file would keep it (and its WAL) open; the check is a ``stat``
-    while the store is up.
-    """
-    child = gauge.labels(backend=store.backend)
-    while True:
-        child.set(1 if await asyncio.to_thread(store.check) else 0)
-        await asyncio.sleep(WATCH_INTERVAL_S)
-
-
 def open_review_store(settings: Settings) -> ReviewStore:
     """The review queue this process writes to (front ends and the engine each open their own).
 
     Never raises: a store that is missing, corrupt, unwritable or unreachable is returned
     unavailable (logged, naming the file or URL and what to do) and retried by itself, so the
-    queue, an add-on, cannot stop predictions or a process's start-up (service.common.reviews).
+    queue, an add-on, cannot stop predictions or a process's start-up
+    (service.common.review_connection).
     """
     return ReviewStore(
         settings.reviews_database_url,
