@@ -9,7 +9,8 @@
 One concept per module: :mod:`.classification` (accuracy, macro-F1, ECE, NLL, Brier, diversity),
 :mod:`.ranking` (Spearman/Kendall, AUCc), :mod:`.selective` (risk–coverage, AURC, E-AURC),
 :mod:`.ood` (AUROC, FPR@95, natural-image OOD set), :mod:`.calibration`, :mod:`.plots`, :mod:`.report`,
-:mod:`.scores` (``UNCERTAINTY_SCORES`` and ``score_arrays``, shared with :mod:`.ood_suite`).
+:mod:`.scores` (``UNCERTAINTY_SCORES`` and ``score_arrays``, shared with :mod:`.ood_suite`),
+:mod:`.promote_gate` (whether a candidate model may replace the served one: the engine asks it).
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ the engine's :class:`~service.engine.model_manager.ModelManager` asks it and nev
   Each replica reports what it serves in ``model_fleet_replicas`` (``GET /v1/models/history``
   shows it) and ``vge_fleet_converged``.
 
-This module imports neither torch nor the web framework: the front ends read the catalogue
-(:func:`loadable_models`) through it too.
+This module imports neither torch nor the web framework. The catalogue itself (which directory a
+name means, which models the operator exposes) lives in :mod:`service.common.catalogue`, which the
+front ends read directly: they may not import ``service.engine``.
 """
 
 from __future__ import annotations
