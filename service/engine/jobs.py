@@ -56,6 +56,7 @@ from service.engine.training_child import child_main
 
 if TYPE_CHECKING:
     from models.training import TrainConfig
+    from service.common.review_store import ReviewStore
 
 log = logging.getLogger("vge.jobs")
 
@@ -108,7 +109,7 @@ class JobManager:
         self.on_finished: list[Any] = []
         self._stopping = threading.Event()  # set by shutdown: the log sweeper ends
         self._sweeper: threading.Thread | None = None
-        self.reviews: Any = None  # service.common.review_store.ReviewStore when the queue is on
+        self.reviews: ReviewStore | None = None  # set by the engine when the queue is on
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -403,10 +404,12 @@ class JobManager:
         safe folder name, never a path), and with ``outliers`` the images marked *not a digit*
         in ``outliers/`` (no class; ``reviews+mnist-bundled`` reads them as outliers). Nothing is
         left behind when it fails or finds nothing to export."""
+        reviews = self.reviews
+        assert reviews is not None, "checked when the job was accepted (_place_data)"
         n = 0
         root = folder.resolve()
         try:
-            for path, png in self.reviews.export_items(outliers=outliers):
+            for path, png in reviews.export_items(outliers=outliers):
                 # export_items names each image <safe class folder>/<sha256>.png; checked again
                 # here, where it becomes a file: nothing is written outside the job's folder.
                 target = (root / path).resolve()
