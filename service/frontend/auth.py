@@ -106,7 +106,9 @@ ApiKey = Annotated[None, Depends(require_api_key)]
 ReviewerKey = Annotated[None, Depends(require_reviewer)]
 
 #: The dependency of a keyed route → the check the middleware runs before its body is read.
-_CHECKS: dict[Callable[..., Any], Callable[[Any, Mapping[str, str]], None]] = {
+#: (a check returns what it found, e.g. check_reviewer the reviewer; the middleware only needs it
+#: to raise, so the return is object)
+_CHECKS: dict[Callable[..., Any], Callable[[Any, Mapping[str, str]], object]] = {
     require_api_key: check_api_key,
     require_reviewer: check_reviewer,
 }
@@ -119,7 +121,7 @@ class KeyCheck:
     methods: frozenset[str]
     regex: re.Pattern[str]
     prefix: str
-    check: Callable[[Any, Mapping[str, str]], None]
+    check: Callable[[Any, Mapping[str, str]], object]
 
 
 def _dependencies(dependant: Any) -> list[Callable[..., Any]]:

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.routing import compile_path
+from starlette.routing import Route, compile_path
 
 from models.problems import validation_problems
 from service.common.errors import CLIENT_CLOSED_REQUEST, ServiceError, error_body
@@ -53,9 +53,9 @@ def resource_table(app: FastAPI) -> list[Resource]:
         methods = {op.upper() for op in item if op in _OPERATIONS}
         table.append((compile_path(template)[0], template.count("{"), template, methods))
     for route in app.routes:
-        regex, methods = getattr(route, "path_regex", None), getattr(route, "methods", None)
-        if regex is not None and methods:
-            table.append((regex, route.path.count("{"), route.path, set(methods)))
+        # APIRoute is a Route; mounts and websocket routes have no methods
+        if isinstance(route, Route) and route.methods:
+            table.append((route.path_regex, route.path.count("{"), route.path, set(route.methods)))
     return table
 
 

@@ -234,6 +234,8 @@ def _input_tensor(body: dict[str, Any], binary: bytes, max_images: int) -> np.nd
     spec = inputs[0]
     dtype, shape = spec.get("datatype"), spec.get("shape")
     count = check_input_spec(spec.get("name"), dtype, shape, max_images)
+    if not isinstance(dtype, str):  # check_input_spec refused any other; this narrows for DTYPES
+        raise BadInput(f"unsupported datatype {dtype!r}")
     size = _object(spec.get("parameters"), "input parameters").get("binary_data_size")
     if size is not None:
         if not is_number(size) or size != count * DTYPES[dtype].itemsize:
