@@ -3,11 +3,11 @@
 #   prometheus (+ promtool)        a real Prometheus server for tests/deploy
 #   postgresql                     a real PostgreSQL server (initdb + postgres in a temp dir) for the
 #                                  shared review queue / job store tests
-#   haproxy                        the load balancer of the fleet test (tests/service/test_fleet.py),
+#   haproxy                        the load balancer of the fleet test (tests/service/system/test_fleet.py),
 #                                  run with deploy/haproxy/haproxy.cfg on loopback ports
 #   chromium + chromium-driver     a real headless browser for the reviewer page test
 #   libb64-0d                      libb64.so.0d, which perf_analyzer (in the tritonclient wheel)
-#                                  links; tests/service/test_triton_tools.py runs it
+#                                  links; tests/service/system/test_triton_tools.py runs it
 # Idempotent: installs only what is missing.
 set -euo pipefail
 missing=()

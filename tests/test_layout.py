@@ -177,3 +177,41 @@ def test_the_engine_process_loads_no_web_app() -> None:
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+#: tests/service/ mirrors service/: a process package's tests in its folder, the whole process
+#: tree (``vge serve`` started by the tests) in system/, the CLI's in cli/.
+TEST_LAYERS = ("common", "engine", "frontend")
+
+
+def test_service_tests_mirror_the_process_packages() -> None:
+    """Every service test lives in tests/service/{common,engine,frontend,system,cli}/. A test in a
+    layer's folder imports that layer (its subject) and starts no ``vge serve`` tree: those are
+    system tests. Helpers (conftest.py) stay at tests/service/."""
+    root = REPO / "tests" / "service"
+    loose = sorted(p.name for p in root.glob("test_*.py"))
+    assert not loose, f"tests/service/ holds test files outside a layer folder: {loose}"
+    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("__"))
+    assert folders == sorted((*TEST_LAYERS, "system", "cli")), folders
+    wrong = []
+    for layer in TEST_LAYERS:
+        for path in sorted((root / layer).glob("test_*.py")):
+            tree = ast.parse(path.read_text())
+            imported = {
+                node.module
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module
+            } | {
+                alias.name
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Import)
+                for alias in node.names
+            }
+            rel = path.relative_to(REPO)
+            if not any(
+                m == f"service.{layer}" or m.startswith(f"service.{layer}.") for m in imported
+            ):
+                wrong.append(f"{rel} does not import service.{layer}")
+            if "start_server" in path.read_text():
+                wrong.append(f"{rel} starts a vge serve tree: move it to tests/service/system/")
+    assert not wrong, "\n".join(wrong)

@@ -16,7 +16,7 @@ more, a further batch starts beside a computing one only when it is full (``max_
 images): large requests and deep queues use a second compute thread, light load keeps its fuller
 batches.
 
-Guarantees (each tested in tests/service/test_batcher.py):
+Guarantees (each tested in tests/service/engine/test_batcher.py):
 
 * bounded queue: a request that does not fit is refused at once with 503 + ``Retry-After``;
 * deadlines: a request whose deadline passes while queued is dropped before compute (504);

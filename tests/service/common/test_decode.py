@@ -160,7 +160,7 @@ def test_a_cmyk_jpeg_decodes_to_its_picture_not_its_inks() -> None:
 
     from service.common.decode import read_header
 
-    digit = Image.open(Path(__file__).parents[2] / "examples" / "digit-7.png").convert("L")
+    digit = Image.open(Path(__file__).parents[3] / "examples" / "digit-7.png").convert("L")
     cmyk = _pil_bytes(digit.convert("CMYK"), "JPEG", quality=95)
     rgb = _pil_bytes(digit.convert("RGB"), "JPEG", quality=95)
     assert read_header(cmyk).components == 4 and read_header(rgb).components == 3

@@ -21,7 +21,7 @@ from service.common.review_images import OUTLIER_FOLDER
 from service.common.review_store import ReviewStore
 
 CLASSES = [str(i) for i in range(10)]
-#: A small architecture, trained for one epoch on 256 bundled digits (as tests/service/test_jobs.py).
+#: A small architecture, trained for one epoch on 256 bundled digits (as tests/service/system/test_jobs.py).
 JOB = {"dataset": "reviews+mnist-bundled", "name": "oe-job", "version": "1.0.0", "epochs": 1,
        "max_train_samples": 256, "members": 2, "ensemble": "lle", "batch_size": 64,
        "device": "cpu", "seed": 1, "outlier_pool": 64, "outlier_batch_size": 16}  # fmt: skip

@@ -26,7 +26,7 @@ import pytest
 
 from service.common.review_store import ReviewStore
 from tests.service.conftest import API_KEY, Server, start_server
-from tests.service.test_jobs import LONG, TINY, _wait
+from tests.service.system.test_jobs import LONG, TINY, _wait
 
 H = {"Authorization": f"Bearer {API_KEY}"}
 #: The issue's example: 987 M parameters (under the 10⁹ bound) and a batch of 4,096.

@@ -99,7 +99,7 @@ def test_review_labels_that_are_paths_stay_in_the_jobs_folder(tmp_path: Path) ->
     classes = ["../x", str(outside), "../../../escape", "3"]
     store = ReviewStore(f"sqlite:///{tmp_path}/reviews.sqlite3", tmp_path / "blobs",
                         max_items=10, lease_s=60.0)  # fmt: skip
-    png = (Path(__file__).resolve().parents[2] / "examples" / "digit-7.png").read_bytes()
+    png = (Path(__file__).resolve().parents[3] / "examples" / "digit-7.png").read_bytes()
     for i, label in enumerate(classes):
         (item,) = store.enqueue(model="evil", model_version="1", classes=classes,
                                 images=[png + bytes([i])], answers=[{"label": "3", "vgmu": 0.5}])  # fmt: skip
@@ -123,7 +123,7 @@ def test_memory_budget_refuses_with_how_much_and_admits_the_zoo(tmp_path: Path) 
     from service.common.errors import InvalidValue
 
     jobs = _manager(tmp_path)
-    for recipe in sorted((Path(__file__).resolve().parents[2] / "models" / "zoo").glob("*.yaml")):
+    for recipe in sorted((Path(__file__).resolve().parents[3] / "models" / "zoo").glob("*.yaml")):
         cfg, _ = jobs._resolve("job-z", yaml.safe_load(recipe.read_text()), None)
         assert cfg.name == recipe.stem  # accepted with the default budget (half this host's RAM)
     huge = {"backbone": "cnn4", "backbone_kwargs": {"width": 2048, "hidden": 3600},

@@ -267,7 +267,7 @@ def test_an_uploading_or_refused_request_never_counts_as_arriving(
 ) -> None:
     """What adaptive batching reads: a body still uploading is not counted (a slow client must not
     hold batches), and refused requests (400, 413, 422) leave the count where it was. The count
-    while a whole request is decoded is tested in process (tests/service/test_middleware.py)."""
+    while a whole request is decoded is tested in process (tests/service/frontend/test_middleware.py)."""
     boundary = "vgeboundary"
     body = (
         (

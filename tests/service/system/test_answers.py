@@ -13,7 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.service.conftest import Server, start_server
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 ZOO = ROOT / "models" / "zoo"
 EXAMPLES = ROOT / "examples"
 
