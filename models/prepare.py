@@ -294,14 +294,15 @@ def _ink(gray: np.ndarray) -> np.ndarray | None:
     return np.clip(ink - floor, 0.0, None)
 
 
-def _level(ink: np.ndarray) -> np.ndarray:
-    """``ink`` as a share of its brightest 3×3 patch."""
-    return ink / float(ndimage.uniform_filter(ink, size=3, mode="constant").max())
+def _brightest(ink: np.ndarray) -> float:
+    """The mean of ``ink``'s brightest 3×3 patch: the scale of its levels (a hot pixel alone does
+    not set it)."""
+    return float(ndimage.uniform_filter(ink, size=3, mode="constant").max())
 
 
 def _midtone_share(level: np.ndarray) -> float:
     """Share of the picture in mid-tones — over :data:`FAINT_LEVEL`, at most
-    :data:`STROKE_LEVEL` — after a 3×3 median of ``level`` (:func:`_level`'s).
+    :data:`STROKE_LEVEL` — after a 3×3 median of ``level`` (ink over :func:`_brightest`).
 
     The median is why a noisy chalk board is not a photo: sensor noise and JPEG blocks on a dark
     board, amplified by the flat field, are isolated pixels a median removes, where a photo's
@@ -321,15 +322,14 @@ def _midtone_share(level: np.ndarray) -> float:
     return float(((over(FAINT_LEVEL) > 4.5 / 9) & (over(STROKE_LEVEL) < 4.5 / 9)).mean())
 
 
-def _keep_digit(ink: np.ndarray) -> np.ndarray:
+def _keep_digit(ink: np.ndarray, top: float) -> np.ndarray:
     """The digit of ``ink``, stretched to [0, 1]: the strokes (ink over :data:`STROKE_LEVEL` of
     the brightest patch) form connected components (8-neighbours); the heaviest and those near it
     (within half the digit's size: a 5's detached bar, a 4's open top) are the digit, specks (under
     :data:`SPECK_SHARE` of the strokes' mass) and far marks (dust, a shadow's edge) are not. The
     digit's box keeps its faint edges (antialiasing), everything outside it is cleared, levels
     under :data:`FAINT_LEVEL` are background, and the brightest patch becomes 1 (a faint pencil
-    digit reads as a full-contrast one; a hot pixel does not set the scale)."""
-    top = float(ndimage.uniform_filter(ink, size=3, mode="constant").max())
+    digit reads as a full-contrast one); ``top`` is :func:`_brightest` of ``ink``."""
     labels, n = ndimage.label(ink > STROKE_LEVEL * top, structure=np.ones((3, 3)))
     index = np.arange(1, n + 1)
     mass = ndimage.sum_labels(ink, labels, index=index)
@@ -446,11 +446,12 @@ def canonicalise(image: torch.Tensor) -> Canonical:
         small = _shrink(gray)
         spread = 1.4826 * float(np.median(np.abs(small - np.median(small))))
         return Canonical(empty, Finding.texture if spread > MIN_CONTRAST / 2 else Finding.blank)
-    level = _level(ink)
+    top = _brightest(ink)  # the digit's scale, read once for the checks and the digit itself
+    level = ink / top
     if float((level > FAINT_LEVEL).mean()) > MAX_INK_FRACTION:
         return Canonical(empty, Finding.fills_canvas)
     if _midtone_share(level) > MAX_MIDTONE_FRACTION:
         return Canonical(empty, Finding.texture)
-    digit = _frame(_keep_digit(ink))
+    digit = _frame(_keep_digit(ink, top))
     pixels = torch.from_numpy(np.rint(digit * 255.0).astype(np.uint8))[None]
     return Canonical(pixels, Finding.ok)
