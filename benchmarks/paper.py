@@ -3,8 +3,8 @@
 Trains the five LeNet-5 configurations of the paper's MNIST experiments on the bundled 8k MNIST
 subset — LLE and DE with M = 10, each with and without VGN (learned per-class k), and MCD-LLE with
 H = 10 heads x S = 10 dropout samples (M = 100) — evaluates every one on the bundled test split with
-the shipped evaluation code (:func:`models.evaluation.evaluate_predictions` for the numbers,
-:func:`models.evaluation.run_evaluation`, i.e. ``vge evaluate``, for its figures and report), adds
+the shipped evaluation code (:func:`models.evaluation.evaluate.evaluate_predictions` for the numbers,
+:func:`models.evaluation.evaluate.run_evaluation`, i.e. ``vge evaluate``, for its figures and report), adds
 two distribution shifts of the test digits (rotated by 90 degrees, and inverted) to the shipped
 scikit-image natural-patch OOD set, and writes ``docs/paper-reproduction.md`` with the paper's own
 numbers (constants copied by hand from the paper's tables) beside ours, plus the figures the paper

@@ -70,7 +70,7 @@ def ood_examples_figure(path: Path, per_row: int = 10) -> Path:
     from matplotlib.figure import Figure
 
     from models import data
-    from models.evaluation import natural_image_patches
+    from models.evaluation.ood import natural_image_patches
 
     images, labels = data.load_bundled_mnist()
     idx = data.bundled_split()["test"]
@@ -117,13 +117,9 @@ def evaluate_model(
 ) -> ConfigResult:
     """Forward passes, numbers (:func:`evaluate_members`) and figures of one trained model."""
     from models import data
-    from models.evaluation import (
-        OOD_SAMPLES,
-        PLOTTED_SCORES,
-        natural_image_patches,
-        plots,
-        run_evaluation,
-    )
+    from models.evaluation import plots
+    from models.evaluation.evaluate import OOD_SAMPLES, PLOTTED_SCORES, run_evaluation
+    from models.evaluation.ood import natural_image_patches
     from models.predictor import Predictor
     from models.uncertainty.scoring import score_members
 

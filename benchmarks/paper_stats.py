@@ -1,7 +1,7 @@
 """The numbers of one configuration, computed from its member probabilities.
 
 :func:`evaluate_members` runs the shipped evaluation code
-(:func:`models.evaluation.evaluate_predictions`) on the test split against every OOD set and adds
+(:func:`models.evaluation.evaluate.evaluate_predictions`) on the test split against every OOD set and adds
 what the document says beyond it: error-detection AUROC per score, the mean confidence of the
 served distribution, and the OOD inputs VGMU misses (:func:`vgmu_missed`). No models, files or
 figures: the tests drive it with synthetic members.
@@ -51,10 +51,10 @@ def evaluate_members(
 
     ``p``/``q``: test-split members ``(N, M, C)`` (``q`` for VGN models, else ``None``); ``ood``:
     OOD set key -> the same model's members on that set. Each OOD set is passed to
-    :func:`models.evaluation.evaluate_predictions` with the test split as the in-distribution side;
+    :func:`models.evaluation.evaluate.evaluate_predictions` with the test split as the in-distribution side;
     ``metrics`` is the evaluation with the first OOD set (identical test-split metrics every time).
     """
-    from models.evaluation import evaluate_predictions
+    from models.evaluation.evaluate import evaluate_predictions
     from models.evaluation.selective import error_detection_auroc
     from models.uncertainty.scoring import score_members
 

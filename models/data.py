@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 __all__ = [
@@ -178,7 +177,11 @@ def stratified_split(
     seed: int = SPLIT_SEED,
     fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
 ) -> dict[str, np.ndarray]:
-    """Stratified train/val/test index split (sorted int64 indices) with scikit-learn."""
+    """Stratified train/val/test index split (sorted int64 indices) with scikit-learn (imported
+    here: a server process that imports this module for its image-folder rules does not split, and
+    scikit-learn's import is ~0.9 s of its start on the 2-core box)."""
+    from sklearn.model_selection import train_test_split
+
     idx = np.arange(len(labels))
     _, val_frac, test_frac = fractions
     rest, test = train_test_split(idx, test_size=test_frac, stratify=labels, random_state=seed)
@@ -204,12 +207,16 @@ def normalise_uint8(
     """uint8 ``(..., C, H, W)`` -> float32 scaled to [0, 1] and normalised per channel.
 
     The single definition of input normalisation, shared by the bundled dataset and
-    :meth:`models.predictor.Predictor.prepare` (torchvision.transforms.v2 functional ops).
+    :meth:`models.predictor.Predictor.prepare`. It is torchvision.transforms.v2's
+    ``to_dtype(scale=True)`` then ``normalize``, written as the same two torch operations
+    (``x.to(float32).mul_(1 / 255)``, then ``.sub_(mean).div_(std)``): bit-identical to them
+    (tests/models/test_data.py compares every uint8 level), without importing torchvision in the
+    engine, whose import pulls torch._dynamo: 1.7 s of every engine start on the 2-core box.
     """
-    from torchvision.transforms.v2 import functional as TF
-
-    x = TF.to_dtype(images, torch.float32, scale=True)
-    return TF.normalize(x, list(mean), list(std))
+    x = images.to(torch.float32).mul_(1.0 / 255)
+    m = torch.as_tensor(mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    s = torch.as_tensor(std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    return x.sub_(m).div_(s)
 
 
 def denormalise_uint8(
@@ -404,6 +411,8 @@ def _load_torchvision(
         )
         raise ValueError(f"{cls_name} not found under {root}{hint}: {e}") from None
     labels = _targets(full)
+    from sklearn.model_selection import train_test_split
+
     # validation: a fixed stratified 10% of the official training set; test: the official test set
     tr, va = train_test_split(
         np.arange(len(labels)), test_size=0.1, stratify=labels, random_state=SPLIT_SEED

@@ -196,6 +196,12 @@ class Supervisor:
             end.setblocking(False)
         signal.set_wakeup_fd(self._wake[1].fileno(), warn_on_full_buffer=False)
         self.start_engine()
+        # Import what front ends run before forking them, so the pages stay shared (copy-on-write);
+        # while the engine starts: the two imports (~2.4 s each, torch and torchvision) then run
+        # side by side instead of one after the other (a ready server 9.1 -> 5.2 s on the 2-core
+        # box, with the engine's scikit-learn import gone too; docs/architecture.md, "Start-up").
+        import service.frontend.server  # noqa: F401
+
         if not self.wait_engine_ready():
             if self._stopping:
                 self._stop_engine()
@@ -351,9 +357,6 @@ def run(settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
-    # Import what front ends run before forking them: the pages stay shared (copy-on-write).
-    import service.frontend.server  # noqa: F401
-
     try:
         supervisor.make_arenas()
         return supervisor.run()

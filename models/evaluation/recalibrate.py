@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from models.checkpoint import read_card, save_card
-from models.evaluation import evaluate_predictions, forward_all, load_split
 from models.evaluation.calibration import calibrate_served
+from models.evaluation.evaluate import evaluate_predictions, forward_all, load_split
 
 
 def _jsonable(obj: Any) -> Any:

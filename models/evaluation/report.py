@@ -1,4 +1,4 @@
-"""Markdown evaluation report: the metrics of :func:`models.evaluation.evaluate_predictions` as tables,
+"""Markdown evaluation report: the metrics of :func:`models.evaluation.evaluate.evaluate_predictions` as tables,
 with the PNG figures embedded by relative path (so the report renders next to its plots)."""
 
 from __future__ import annotations

@@ -103,9 +103,9 @@ def finalise(
     Should calibration or evaluation fail, the weights and a card with the basic metrics are
     written all the same before the error propagates: a finished run is never lost.
     """
-    from models.evaluation import evaluate_predictions
     from models.evaluation.calibration import calibrate_served
     from models.evaluation.drift import served_reference
+    from models.evaluation.evaluate import evaluate_predictions
     from models.evaluation.ood_suite import card_ood_suite
 
     bs = config.eval_batch_size

@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.evaluation import run_evaluation
+    from models.evaluation.evaluate import run_evaluation
 
     model_dir: Path = args.model_dir
     from models.zoo import resolve_model_dir

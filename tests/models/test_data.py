@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -82,6 +84,25 @@ def test_normalise_uint8():
     assert torch.equal(
         denormalise_uint8(normalise_uint8(every, [0.1307], [0.3081]), [0.1307], [0.3081]), every
     )
+
+
+@pytest.mark.parametrize(
+    ("shape", "mean", "std"),
+    [
+        ((1, 16, 16), [0.1307], [0.3081]),
+        ((4, 3, 16, 16), [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ],
+)
+def test_normalise_uint8_is_bit_identical_to_torchvision(shape, mean, std):
+    """The engine's normalisation is torchvision's ``to_dtype(scale=True)`` + ``normalize`` spelled
+    in torch (models/data.py says why): every uint8 level, every channel, bit for bit."""
+    from torchvision.transforms.v2 import functional as TF
+
+    levels = torch.arange(256, dtype=torch.uint8).repeat(math.prod(shape) // 256 + 1)
+    img = levels[torch.randperm(len(levels), generator=torch.Generator().manual_seed(0))]
+    img = img[: math.prod(shape)].reshape(shape)
+    want = TF.normalize(TF.to_dtype(img, torch.float32, scale=True), mean, std)
+    assert torch.equal(normalise_uint8(img, mean, std), want)
 
 
 def test_unknown_and_missing_datasets_do_not_download(tmp_path):

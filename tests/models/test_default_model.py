@@ -80,7 +80,7 @@ def test_shipped_default_meets_every_target_on_the_held_out_digits():
     k, ECE ≤ 0.01 and VGMU error-detection AUROC ≥ 0.97 (the test split's 0.950 is three 9s
     written as 4s; see the model's README)."""
     from models.data import load_holdout_mnist
-    from models.evaluation import evaluate_predictions
+    from models.evaluation.evaluate import evaluate_predictions
 
     pred = Predictor.from_dir(default_model_dir(), device="cpu")
     images, labels = load_holdout_mnist()

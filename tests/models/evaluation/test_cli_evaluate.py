@@ -9,7 +9,7 @@ import pytest
 
 from models.checkpoint import CARD_FILE
 from models.data_ood import ABSTAIN_TARGETS, DEFERRED_OR_RIGHT_TARGETS, OOD_GROUPS
-from models.evaluation import UNCERTAINTY_SCORES
+from models.evaluation.scores import UNCERTAINTY_SCORES
 from service.cli import main
 
 

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from models.evaluation import UNCERTAINTY_SCORES, evaluate_predictions, plots
+from models.evaluation import plots
 from models.evaluation.classification import reliability_bins
+from models.evaluation.evaluate import evaluate_predictions
 from models.evaluation.ranking import aucc_curve
 from models.evaluation.report import render_report, write_report
+from models.evaluation.scores import UNCERTAINTY_SCORES
 from models.evaluation.selective import risk_coverage_curve
 from models.uncertainty.vgn import vgn
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.evaluation import max_prob_score
 from models.evaluation.ood_suite import deferred_or_right, ood_suite_metrics
+from models.evaluation.scores import max_prob_score
 
 
 def _members(n: int, m: int, c: int, confident: bool, seed: int) -> torch.Tensor:
