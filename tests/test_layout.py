@@ -179,6 +179,48 @@ def test_the_engine_process_loads_no_web_app() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has loaded after running ``code``."""
+    import subprocess
+
+    code += f"; import sys; print(sorted(m for m in {modules!r} if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return eval(out.stdout.strip())  # a list of str, printed just above
+
+
+def test_start_up_imports_only_what_each_step_needs() -> None:
+    """What keeps ``vge serve``'s start short (service/supervisor.py, ``run``): validating the
+    settings imports no torch (the engine is spawned right after), and the engine, with its model
+    loaded and a batch run, imports neither torchvision (whose import pulls torch._dynamo, 1.7 s)
+    nor scikit-learn or SciPy (1.1 s)."""
+    assert _loaded("import service.cli.serve, service.common.settings", ("torch",)) == []
+    engine = (
+        "import torch, service.engine.engine, service.engine.batcher, service.engine.jobs, "
+        "service.engine.model_manager, service.engine.drift; "
+        "from models.predictor import Predictor; "
+        "p = Predictor.from_dir('models/zoo/cnn4-lle-vgn-mnist', device='cpu'); "
+        "p.run([torch.zeros(2, 1, 28, 28, dtype=torch.uint8)])"
+    )
+    assert _loaded(engine, ("torchvision", "sklearn")) == []
+
+
+def test_models_evaluation_exports_what_it_lists() -> None:
+    """models.evaluation loads its public names on first use (PEP 562): ``__all__`` lists exactly
+    the names it maps, and each is its defining module's object (no name is also a module's)."""
+    import importlib
+
+    package = "models.evaluation"
+    mod = importlib.import_module(package)
+    assert sorted(mod.__all__) == sorted(mod._PUBLIC)
+    for name, where in mod._PUBLIC.items():
+        defining = importlib.import_module(f"{package}.{where}")
+        assert getattr(mod, name) is getattr(defining, name), name
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mod.nope  # noqa: B018
+
+
 #: tests/service/ mirrors service/: a process package's tests in its folder, the whole process
 #: tree (``vge serve`` started by the tests) in system/, the CLI's in cli/.
 TEST_LAYERS = ("common", "engine", "frontend")

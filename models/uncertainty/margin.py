@@ -7,16 +7,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from models.limits import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 from models.uncertainty.moments import ensemble_moments
 from models.uncertainty.validation import EPS
-
-#: The range of ``abstain_k`` (a margin in standard deviations; the paper, §3): the one definition
-#: that the settings, the request schemas and V2 import.
-ABSTAIN_K_MIN = 0.0
-#: Largest ``abstain_k`` anyone needs: a sample's critical value ``κ = (p̄1 − p̄2)/(s1 + s2)`` is at
-#: most ``1/(2ε) = 5e7`` (spreads include ε), so every calibrated ``k`` lies below this bound and the
-#: API accepts all of them.
-ABSTAIN_K_MAX = 1e9
 
 
 class MarginScore(NamedTuple):

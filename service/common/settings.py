@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.json_schema import JsonDict
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
+from models.limits import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 #: A directory name under models_root that the V2 repository index may list.

@@ -19,9 +19,9 @@ from typing import Any, get_args
 import numpy as np
 import torch
 
+from models.limits import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 from models.prepare import PrepareMode
 from models.serving import ScoreColumns
-from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 from service.common.decode import prepare_one
 from service.common.errors import BadInput, InvalidValue, NotFound, PayloadTooLarge
 from service.common.model_info import ModelInfo

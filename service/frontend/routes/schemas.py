@@ -6,10 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
+from models.limits import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 from models.prepare import PrepareMode
 from models.serving import DEFAULT_TOP_K
 from models.uncertainty.gate import GATE_K_MAX, K_MIN
-from models.uncertainty.margin import ABSTAIN_K_MAX, ABSTAIN_K_MIN
 from service.frontend.review_queue import ReviewPolicy
 
 AbstainK = Annotated[

@@ -81,7 +81,7 @@ def test_vgmu_on_q_without_a_gate_is_422_everywhere(
 
 def test_calibrated_abstain_k_is_always_accepted(server: Server, pngs: list[bytes]) -> None:
     from models.evaluation.calibration import calibrate_abstain_k
-    from models.uncertainty.margin import ABSTAIN_K_MAX
+    from models.limits import ABSTAIN_K_MAX
 
     # the largest k calibration can produce: defer everything, even for the most certain sample
     p = np.zeros((2, 3, 2))
