@@ -83,7 +83,7 @@ class PayloadTooLarge(ServiceError):
     status_code = 413
     code = "payload_too_large"
     grpc_status = "RESOURCE_EXHAUSTED"
-    reason = "payload_too_large"
+    reason: str | None = "payload_too_large"  # None in a subclass already counted (middleware)
 
 
 class NotFound(ServiceError):

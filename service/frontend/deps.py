@@ -55,7 +55,8 @@ def service_state(request: Request) -> ServiceState:
     :data:`State` dependency: FastAPI's dependency resolution cost ~7 % of a front end's CPU per
     single-image request (py-spy, ``python -m benchmarks.profile_serve``).
     """
-    return request.app.state.service
+    state: ServiceState = request.app.state.service  # set by create_app
+    return state
 
 
 async def get_state(request: Request) -> ServiceState:
@@ -65,7 +66,8 @@ async def get_state(request: Request) -> ServiceState:
 
 async def get_settings(request: Request) -> Settings:
     """The app's settings."""
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings  # set by create_app
+    return settings
 
 
 State = Annotated[ServiceState, Depends(get_state)]

@@ -16,7 +16,7 @@ import itertools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from service.common.errors import NotReady, QueueFull
 from service.common.model_info import ModelInfo
 from service.common.shm import HEADER, Allocator, Arena, nbytes_of
 from service.common.wire import (
+    AdminCommand,
     Command,
     ErrorReply,
     FrameReader,
@@ -246,7 +247,7 @@ class EngineClient:
         self.allocator.free(region.offset)
 
     def _send(
-        self, message: InferRequest | Command[Any], offset: int | None
+        self, message: InferRequest | AdminCommand, offset: int | None
     ) -> asyncio.Future[Any]:
         """Write a message to the engine at once, one frame (see :class:`service.common.wire.Outbox`
         for why front ends do not coalesce); the future gets its answer."""
@@ -289,7 +290,8 @@ class EngineClient:
         """Run an admin command in the engine (model swaps, training jobs); its answer, typed
         by the command (:class:`service.common.wire.Command`), or its error raised."""
         self.current_model()
-        answer = await _wait(self._send(command, None), timeout_s)
+        # Every Command subclass is one of AdminCommand's (tests/service/common/test_wire.py).
+        answer = await _wait(self._send(cast("AdminCommand", command), None), timeout_s)
         return check_answer(command, answer)
 
 

@@ -29,7 +29,10 @@ from service.common.settings import Settings
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
     """The gRPC core channel arguments of a front end's server."""
-    ms = lambda s: int(s * 1000)  # noqa: E731
+
+    def ms(seconds: float) -> int:
+        return int(seconds * 1000)
+
     return [
         ("grpc.so_reuseport", 1),
         ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),

@@ -20,6 +20,7 @@ from service.common.decode import decode_into
 from service.common.errors import BadInput, InvalidValue
 from service.common.model_info import ModelInfo
 from service.frontend.deps import ServiceState
+from service.frontend.engine_client import Region
 
 
 def resolve_options(
@@ -105,7 +106,7 @@ async def predict_tensor(
 async def _score(
     state: ServiceState,
     model: ModelInfo,
-    region: object,
+    region: Region,
     options: ScoreOptions,
     timeout_s: float | None,
     findings: np.ndarray | None,
@@ -113,7 +114,7 @@ async def _score(
     """The engine's columns for the request in ``region``, ``abstain`` set on the rows whose
     image held no digit (``findings``, :class:`models.prepare.Finding`; None: not read)."""
     timeout = timeout_s if timeout_s is not None else state.settings.request_timeout_s
-    columns = await state.engine.infer(model, region, options, timeout)  # type: ignore[arg-type]
+    columns = await state.engine.infer(model, region, options, timeout)
     return columns if findings is None else columns.abstaining(findings != Finding.ok)
 
 

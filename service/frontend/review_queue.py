@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from service.common.errors import InvalidValue
 from service.common.review_connection import ReviewStoreUnavailable
 from service.common.review_store import Enqueued, ReviewStore
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from models.serving import ScoreColumns
+    from service.common.metrics import Metrics
+    from service.common.model_info import ModelInfo
+    from service.common.settings import Settings
+    from service.frontend.deps import ServiceState
 
 log = logging.getLogger("vge.reviews")
 
@@ -28,7 +37,7 @@ def chosen_for_review(policy: ReviewPolicy, records: Sequence[dict[str, Any]]) -
     return []
 
 
-def has_review_key(settings: Any, headers: Any) -> bool:
+def has_review_key(settings: Settings, headers: Mapping[str, str]) -> bool:
     """Whether a request carries the API key or a reviewer key (shared or personal)."""
     from service.common.errors import ServiceError
     from service.frontend.auth import check_reviewer
@@ -40,7 +49,7 @@ def has_review_key(settings: Any, headers: Any) -> bool:
     return True
 
 
-def check_policy(settings: Any, headers: Any, policy: str | None) -> None:
+def check_policy(settings: Settings, headers: Mapping[str, str], policy: str | None) -> None:
     """``review=always`` needs the API key or a reviewer key (401/403): anonymous clients could
     otherwise fill the queue, and real abstentions would find it full. Without a key only
     ``auto`` (the server decides) and ``never``."""
@@ -61,7 +70,7 @@ def check_policy(settings: Any, headers: Any, policy: str | None) -> None:
 
 def queue_answers(
     store: ReviewStore,
-    metrics: Any,
+    metrics: Metrics,
     *,
     model: str,
     model_version: str,
@@ -104,7 +113,7 @@ def queue_answers(
         metrics.review_enqueued.labels(model=model, status=res.status).inc()
 
 
-def png_image(pixels: Any) -> bytes:
+def png_image(pixels: np.ndarray) -> bytes:
     """One V2 ``UINT8`` image (``[C, H, W]`` or ``[H, W]``, C 1, 3 or 4) as a PNG file a person
     can label: the pixels the client sent (an alpha channel dropped)."""
     import numpy as np
@@ -119,7 +128,9 @@ def png_image(pixels: Any) -> bytes:
     return bytes(encode_png(img.contiguous()).numpy())
 
 
-def review_policy(state: Any, asked: str | None, headers: Any) -> ReviewPolicy:
+def review_policy(
+    state: ServiceState, asked: ReviewPolicy | None, headers: Mapping[str, str]
+) -> ReviewPolicy:
     """The request's review policy: ``auto`` by default when the queue is on, else ``never``; asking
     for a queue that is off is a 422 (the images would silently not reach a human); ``always``
     needs a key in ``headers`` (service.frontend.review_queue.check_policy). V2 HTTP and gRPC use it too."""
@@ -131,17 +142,17 @@ def review_policy(state: Any, asked: str | None, headers: Any) -> ReviewPolicy:
             )
         return "never"
     check_policy(state.settings, headers, asked)
-    return asked or "auto"  # type: ignore[return-value]
+    return asked or "auto"
 
 
 async def queue_tensor_answers(
-    state: Any,
-    model: Any,
+    state: ServiceState,
+    model: ModelInfo,
     policy: ReviewPolicy,
-    columns: Any,
-    pixels: Any,
+    columns: ScoreColumns,
+    pixels: np.ndarray | None,
     abstain_k: float,
-    headers: Any,
+    headers: Mapping[str, str],
 ) -> dict[str, str]:
     """Queue a V2 (HTTP or gRPC) batch's chosen answers, as :func:`queue_answers` does for
     ``/v1/predict``; the V2 response parameters that say what happened, per image in order:
@@ -152,7 +163,10 @@ async def queue_tensor_answers(
     normalised model input, not an image a person can label: those answers say
     ``unsupported_input`` and nothing is queued (send pixels as ``UINT8`` to have them reviewed).
     """
-    if policy == "never" or (policy == "auto" and not columns.column("abstain").any()):
+    store = state.reviews  # None: the queue is off, and review_policy said "never"
+    if store is None or policy == "never":
+        return {}
+    if policy == "auto" and not columns.column("abstain").any():
         return {}  # the common case: one vectorised check, no records built
     records = columns.records(list(model.class_names), abstain_k)
     reveal = policy == "always" or has_review_key(state.settings, headers)
@@ -172,13 +186,13 @@ async def queue_tensor_answers(
             for i in chosen:
                 blobs[i] = png_image(pixels[i])
             queue_answers(
-                state.reviews, state.metrics, model=model.name, model_version=model.version,
+                store, state.metrics, model=model.name, model_version=model.version,
                 classes=model.class_names, policy=policy, blobs=blobs, records=records,
                 reveal=reveal,
             )  # fmt: skip
         return {
-            "review_status": ",".join(r.get("review_status", "") for r in records),
-            "review_id": ",".join(r.get("review_id") or "" for r in records),
+            "review_status": ",".join(str(r.get("review_status", "")) for r in records),
+            "review_id": ",".join(str(r.get("review_id") or "") for r in records),
         }
 
     return await asyncio.to_thread(work)

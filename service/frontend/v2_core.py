@@ -276,7 +276,7 @@ def _samples(state: ServiceState) -> dict[tuple[str, str], float]:
 
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:  # one process (a library user): this process's own registry
         registry = state.metrics.registry
     wanted = ("vge_queue_wait_seconds", "vge_compute_seconds", "vge_batch_size", "vge_rejections")

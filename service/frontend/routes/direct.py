@@ -24,7 +24,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.routing import APIRoute
@@ -43,7 +43,7 @@ class DirectRoute(APIRoute):
     endpoint must return a :class:`Response`."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        endpoint = self.endpoint
+        endpoint = cast(Endpoint, self.endpoint)  # add_direct_route adds only these
 
         async def handler(request: Request) -> Response:
             return await endpoint(request=request, **request.path_params)

@@ -40,10 +40,9 @@ router = APIRouter(
 )  # fmt: skip
 page_router = APIRouter(tags=["reviews"])
 
-Reviewer = Annotated[
+Reviewer = Annotated[  # optional: each model field of this type says "= None"
     str | None,
     Field(
-        None,
         min_length=1,
         max_length=200,
         description="Who reviews, with the shared reviewer key (recorded as claimed, "
@@ -74,7 +73,7 @@ class LabelRequest(BaseModel):
         "class: stats count it apart from disagreements, the export puts it under outliers/, "
         "and a training job on reviews+mnist-bundled uses it as an outlier.",
     )
-    reviewer: Reviewer
+    reviewer: Reviewer = None
 
     @model_validator(mode="after")
     def _one_answer(self) -> LabelRequest:
@@ -90,13 +89,13 @@ class LabelRequest(BaseModel):
 class SkipRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reviewer: Reviewer
+    reviewer: Reviewer = None
 
 
 class ClaimRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reviewer: Reviewer
+    reviewer: Reviewer = None
     order: Literal["oldest", "vgmu"] = Field(
         "oldest", description="oldest first, or vgmu: the most uncertain (highest VGMU) first"
     )

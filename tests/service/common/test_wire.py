@@ -296,6 +296,15 @@ def test_each_admin_command_names_its_answers_and_a_wrong_answer_is_refused() ->
         wire.check_answer(wire.GetJob("job-1"), JobLog(""))
 
 
+def test_admin_command_lists_every_command_class() -> None:
+    """``AdminCommand`` (what the engine dispatches on, what a front end sends) names exactly the
+    :class:`~service.common.wire.Command` subclasses: ``EngineClient.call`` relies on it."""
+    listed = {name.strip() for name in wire.AdminCommand.split("|")}
+    defined = {c.__name__ for c in wire.Command.__subclasses__() if c.__module__ == wire.__name__}
+    assert listed == defined  # (a test below defines a command of its own, to be refused)
+    assert all(isinstance(getattr(wire, name), type) for name in listed)
+
+
 def test_error_codes_map_both_ways_to_the_error_classes() -> None:
     for code in wire.ErrorCode:
         cls = code.error_class()
