@@ -39,6 +39,9 @@ def _settings(tmp: Path, model: Path) -> Settings:
         model_dir=model, device="cpu", torch_threads=1, max_queue_delay_ms=1,
         jobs_db_url=f"sqlite:///{tmp / 'jobs.sqlite3'}", jobs_dir=tmp / "jobs",
         models_root=tmp / "models", data_root=tmp / "data", review_dir=tmp / "reviews",
+        # On SIGTERM the engine serves its connected front ends for drain_s + shutdown_grace_s
+        # (5 + 30 s by default) while they drain; this test's client stays connected: 2 s.
+        drain_s=0, shutdown_grace_s=2,
     )  # fmt: skip
 
 
