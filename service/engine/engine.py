@@ -21,7 +21,7 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -60,7 +60,12 @@ from service.common.wire import (
 )
 
 if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event as ProcessEvent
+
     from models.serving import ScoreColumns
+    from service.common.shm import Arena
+    from service.engine.batcher import _Unit
+    from service.engine.drift import UncertaintyMonitor
     from service.engine.model_manager import LoadedModel
     from service.engine.predictor import ServedPredictor
 
@@ -103,11 +108,11 @@ class Engine:
             self.jobs.reviews = self.reviews
         # The connected front ends: each one's outbox (answers, coalesced per loop iteration) and
         # arena (service.common.shm.Arena).
-        self._clients: dict[Outbox, Any] = {}
-        self._monitors: dict[int, Any] = {}  # model generation -> UncertaintyMonitor
+        self._clients: dict[Outbox, Arena] = {}
+        self._monitors: dict[int, UncertaintyMonitor] = {}  # by model generation
 
     # ------------------------------------------------------------------ lifecycle
-    async def run(self, socket_path: str, ready: Any = None) -> None:
+    async def run(self, socket_path: str, ready: ProcessEvent | None = None) -> None:
         """Load the model, listen on ``socket_path``, serve until SIGTERM, then drain."""
         import torch
 
@@ -248,7 +253,7 @@ class Engine:
         """Requests the connected front ends are decoding for the engine (arena headers)."""
         return sum(arena.arriving for arena in self._clients.values())
 
-    def _monitor(self, generation: int, predictor: ServedPredictor) -> Any:
+    def _monitor(self, generation: int, predictor: ServedPredictor) -> UncertaintyMonitor:
         from service.engine.drift import UncertaintyMonitor
 
         monitor = self._monitors.get(generation)
@@ -264,7 +269,7 @@ class Engine:
                 monitor.retire(self._successor(monitor))
         return monitor
 
-    def _successor(self, monitor: Any) -> Any:
+    def _successor(self, monitor: UncertaintyMonitor) -> UncertaintyMonitor | None:
         """The served model's monitor when it has ``monitor``'s model name (it owns the series it
         exports under that name), else None."""
         current = self.models.current
@@ -332,7 +337,7 @@ class Engine:
         from service.common.shm import Arena
 
         outbox = Outbox(writer)
-        inflight: dict[int, Any] = {}  # request id -> its batcher unit, until answered
+        inflight: dict[int, _Unit] = {}  # request id -> its batcher unit, until answered
         calls: set[asyncio.Task[None]] = set()
         arena: Arena | None = None
         try:
@@ -376,14 +381,15 @@ class Engine:
                 arena.close()
 
     def _infer(
-        self, outbox: Outbox, arena: Any, inflight: dict[int, Any], request_id: int,
+        self, outbox: Outbox, arena: Arena, inflight: dict[int, _Unit], request_id: int,
         req: InferRequest,
     ) -> None:  # fmt: skip
         """Queue one scoring request; its answer goes into ``outbox`` (a 4xx/5xx as data)."""
 
-        def answer(columns: Any, error: BaseException | None) -> None:
+        def answer(columns: ScoreColumns | None, error: BaseException | None) -> None:
             inflight.pop(request_id, None)
-            if error is None:
+            if error is None:  # the batcher's contract: columns when there is no error
+                assert columns is not None
                 # Raw float64 bytes, not the array: pickling a NumPy array costs ~3.4 µs per
                 # answer on the event loop, bytes ~0.1 (the front end knows the row count).
                 outbox.put_result(request_id, columns.data.tobytes())
@@ -498,7 +504,7 @@ def _json_list(documents: Sequence[Mapping[str, Any]]) -> list[JSONObject]:
     return cast(list[JSONObject], documents)
 
 
-def _loop_factory() -> Any:
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's event loop when installed (a dependency), else asyncio's."""
     try:
         import uvloop
@@ -507,7 +513,7 @@ def _loop_factory() -> Any:
     return uvloop.new_event_loop
 
 
-def engine_main(settings: Settings, socket_path: str, ready: Any = None) -> None:
+def engine_main(settings: Settings, socket_path: str, ready: ProcessEvent | None = None) -> None:
     """Process entry point (spawned by the supervisor)."""
     from service.common.process import die_with_parent
 

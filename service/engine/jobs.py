@@ -55,6 +55,10 @@ from service.engine.job_store import JobStore
 from service.engine.training_child import child_main
 
 if TYPE_CHECKING:
+    from multiprocessing.context import SpawnProcess
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Event as ProcessEvent
+
     from models.training import TrainConfig
     from service.common.review_store import ReviewStore
 
@@ -86,9 +90,9 @@ LOG_SWEEP_INTERVAL_S = 3600.0
 
 @dataclass
 class _Running:
-    process: Any
-    stop: Any
-    events: Any
+    process: SpawnProcess
+    stop: ProcessEvent
+    events: Queue[dict[str, Any]]  # the training child's events (JSON documents)
     thread: threading.Thread
 
 
@@ -106,7 +110,6 @@ class JobManager:
         self._lock = threading.RLock()
         self._closed = False
         self._submit_lock = threading.Lock()  # one submission at a time: capacity, then export
-        self.on_finished: list[Any] = []
         self._stopping = threading.Event()  # set by shutdown: the log sweeper ends
         self._sweeper: threading.Thread | None = None
         self.reviews: ReviewStore | None = None  # set by the engine when the queue is on
