@@ -31,12 +31,15 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.common.catalogue import loadable_models, resolve_by_name
 from service.common.db import Database
 from service.common.errors import Conflict, NotFound
 from service.common.settings import Settings
+
+if TYPE_CHECKING:
+    from service.common.model_info import ModelInfo
 
 log = logging.getLogger("vge.models")
 
@@ -168,7 +171,7 @@ class ModelRepository:
         return loadable_models(self.settings)
 
     # -- whose entries count
-    def _scope(self) -> tuple[str, tuple[Any, ...]]:
+    def _scope(self) -> tuple[str, tuple[str, ...]]:
         """A ``WHERE`` condition (and its parameters) selecting the entries that count."""
         raise NotImplementedError
 
@@ -176,7 +179,7 @@ class ModelRepository:
     def record(
         self,
         action: str,
-        info: Any,
+        info: ModelInfo,
         model_dir: Path,
         *,
         weights_sha256: str = "",
@@ -185,7 +188,7 @@ class ModelRepository:
     ) -> dict[str, Any]:
         """Insert one entry for ``info`` (a :class:`~service.common.model_info.ModelInfo`) before
         it is swapped in; returns it as :meth:`entries` shows it, and announces it."""
-        row = {
+        row: dict[str, Any] = {
             "id": uuid.uuid4().hex[:16],
             "at": time.time(),
             "replica": self.replica,
@@ -303,7 +306,7 @@ class LocalModelRepository(ModelRepository):
     start; an engine restart that restores it adds no entry, so "roll back" without a target
     still means "the model before the latest change"."""
 
-    def _scope(self) -> tuple[str, tuple[Any, ...]]:
+    def _scope(self) -> tuple[str, tuple[str, ...]]:
         return "replica = ?", (self.replica,)
 
 
@@ -329,7 +332,7 @@ class FleetModelRepository(ModelRepository):
         #: Whether the LISTEN connection is up (False on SQLite and while reconnecting).
         self.listening = False
 
-    def _scope(self) -> tuple[str, tuple[Any, ...]]:
+    def _scope(self) -> tuple[str, tuple[str, ...]]:
         return "1 = 1", ()
 
     def _whose(self) -> str:
