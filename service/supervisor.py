@@ -44,10 +44,17 @@ import tempfile
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from service.backlog import answer_queued
 from service.common.settings import Settings
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkProcess, SpawnProcess
+    from multiprocessing.synchronize import Event as ProcessEvent
+    from types import FrameType
+
+    from service.common.metrics import Metrics
 
 log = logging.getLogger("vge.supervisor")
 
@@ -83,13 +90,13 @@ class Supervisor:
         self.arenas: list[str] = []
         self.listeners: list[socket.socket] = []
         self.port = 0
-        self.engine: Any = None
-        self.engine_ready: Any = None
-        self.frontends: list[Any] = []
+        self.engine: SpawnProcess | None = None
+        self.engine_ready: ProcessEvent | None = None
+        self.frontends: list[ForkProcess] = []
         self._stopping = False
         self._spawn = mp.get_context("spawn")
         self._fork = mp.get_context("fork")
-        self._metrics: Any = None
+        self._metrics: Metrics | None = None
         self._wake: tuple[socket.socket, socket.socket] | None = None  # signal wake-up (run)
 
     # ------------------------------------------------------------------ start
@@ -149,7 +156,7 @@ class Supervisor:
         )
         self.engine.start()
 
-    def start_frontend(self, index: int) -> Any:
+    def start_frontend(self, index: int) -> ForkProcess:
         from service.frontend.server import frontend_main
 
         proc = self._fork.Process(
@@ -174,16 +181,18 @@ class Supervisor:
 
     def wait_engine_ready(self) -> bool:
         """Block until the engine is ready (True) or died (False)."""
+        engine, ready = self.engine, self.engine_ready
+        assert engine is not None and ready is not None, "start_engine() first"
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
         while time.monotonic() < deadline and not self._stopping:
-            if self.engine_ready.wait(0.1):
+            if ready.wait(0.1):
                 return True
-            if not self.engine.is_alive():
+            if not engine.is_alive():
                 return False
-        return self.engine_ready.is_set()
+        return ready.is_set()
 
     # ------------------------------------------------------------------ run
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stopping = True
 
     def run(self) -> int:
@@ -223,6 +232,7 @@ class Supervisor:
             flush=True,
         )
         engine_failures = 0
+        assert self.engine is not None  # started above (and restarted below)
         started = [time.monotonic()] * self.n_workers  # per front end: when it last started
         early_deaths = [0] * self.n_workers  # in a row, each within FRONTEND_SETTLE_S of its start
         while not self._stopping:
@@ -278,12 +288,13 @@ class Supervisor:
     def _shutdown(self) -> None:
         s = self.settings
         for proc in self.frontends:
-            if proc.is_alive():
+            if proc.pid is not None and proc.is_alive():  # a pid: started
                 os.kill(proc.pid, signal.SIGTERM)
         # The engine at once too: it keeps serving the draining front ends until they disconnect,
         # but stops waiting for fuller batches, so the shutdown never waits out a batch window.
-        if self.engine is not None and self.engine.is_alive():
-            os.kill(self.engine.pid, signal.SIGTERM)
+        engine = self.engine
+        if engine is not None and engine.pid is not None and engine.is_alive():
+            os.kill(engine.pid, signal.SIGTERM)
         deadline = time.monotonic() + s.drain_s + s.shutdown_grace_s + 5
         for proc in self.frontends:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -302,12 +313,13 @@ class Supervisor:
             log.info("answered %d queued connection(s) 503 at shutdown", answered)
 
     def _stop_engine(self) -> None:
-        if self.engine is not None and self.engine.is_alive():
-            os.kill(self.engine.pid, signal.SIGTERM)
-            self.engine.join(self.settings.shutdown_grace_s + 15)
-            if self.engine.is_alive():
-                self.engine.kill()
-                self.engine.join(5)
+        engine = self.engine
+        if engine is not None and engine.pid is not None and engine.is_alive():
+            os.kill(engine.pid, signal.SIGTERM)
+            engine.join(self.settings.shutdown_grace_s + 15)
+            if engine.is_alive():
+                engine.kill()
+                engine.join(5)
 
     def cleanup(self) -> None:
         # After a normal stop every child has exited; after an error in run(), none may outlive
