@@ -19,12 +19,18 @@ import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
-from starlette.routing import compile_path
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute, compile_path
 
 from service.common.errors import Forbidden, Unauthorized
+
+if TYPE_CHECKING:
+    from fastapi.dependencies.models import Dependant
+
+    from service.common.settings import Settings
 
 
 def _presented_key(headers: Mapping[str, str]) -> str | None:
@@ -45,7 +51,7 @@ def _presented_key(headers: Mapping[str, str]) -> str | None:
     return bearer or key
 
 
-def check_api_key(settings: Any, headers: Mapping[str, str]) -> None:
+def check_api_key(settings: Settings, headers: Mapping[str, str]) -> None:
     """Pass only with the configured API key (``settings.api_key``); else 401/403."""
     configured = settings.api_key
     if configured is None:
@@ -64,7 +70,7 @@ def check_api_key(settings: Any, headers: Mapping[str, str]) -> None:
         raise Forbidden("wrong API key")
 
 
-def check_reviewer(settings: Any, headers: Mapping[str, str]) -> tuple[str | None, str]:
+def check_reviewer(settings: Settings, headers: Mapping[str, str]) -> tuple[str | None, str]:
     """Pass with the reviewer key, a personal reviewer key (``VGE_REVIEWER_KEYS``) or the admin
     API key; with none configured the review endpoints are disabled (403), like the admin
     endpoints. Returns who acts: ``(name, "key")`` for a personal key, else
@@ -108,7 +114,7 @@ ReviewerKey = Annotated[None, Depends(require_reviewer)]
 #: The dependency of a keyed route → the check the middleware runs before its body is read.
 #: (a check returns what it found, e.g. check_reviewer the reviewer; the middleware only needs it
 #: to raise, so the return is object)
-_CHECKS: dict[Callable[..., Any], Callable[[Any, Mapping[str, str]], object]] = {
+_CHECKS: dict[Callable[..., Any], Callable[[Settings, Mapping[str, str]], object]] = {
     require_api_key: check_api_key,
     require_reviewer: check_reviewer,
 }
@@ -121,10 +127,10 @@ class KeyCheck:
     methods: frozenset[str]
     regex: re.Pattern[str]
     prefix: str
-    check: Callable[[Any, Mapping[str, str]], object]
+    check: Callable[[Settings, Mapping[str, str]], object]
 
 
-def _dependencies(dependant: Any) -> list[Callable[..., Any]]:
+def _dependencies(dependant: Dependant) -> list[Callable[..., Any]]:
     """Every dependency callable of a FastAPI dependant, nested ones included."""
     out = []
     for dep in getattr(dependant, "dependencies", []):
@@ -133,7 +139,7 @@ def _dependencies(dependant: Any) -> list[Callable[..., Any]]:
     return out
 
 
-def _routes(routes: list[Any]) -> list[Any]:
+def _routes(routes: list[BaseRoute]) -> list[BaseRoute]:
     """The API routes of an app or router, through included routers (FastAPI keeps those as
     ``_IncludedRouter`` entries holding the original router; the router's prefix is already in
     its routes' paths)."""
@@ -151,10 +157,12 @@ def keyed_routes(app: FastAPI) -> list[KeyCheck]:
     """The app's routes that depend on :func:`require_api_key` or :func:`require_reviewer`."""
     out = []
     for route in _routes(app.routes):
-        dependant, methods = getattr(route, "dependant", None), getattr(route, "methods", None)
-        if dependant is None or not methods:
+        # A route with a dependant and methods: FastAPI's APIRoute (a WebSocket route has no
+        # methods, Starlette's own routes and mounts no dependant)
+        if not isinstance(route, APIRoute) or not route.methods:
             continue
-        checks = [_CHECKS[d] for d in _dependencies(dependant) if d in _CHECKS]
+        methods = route.methods
+        checks = [_CHECKS[d] for d in _dependencies(route.dependant) if d in _CHECKS]
         if checks:
             regex = compile_path(route.path)[0]
             prefix = route.path.split("{", 1)[0]

@@ -102,7 +102,9 @@ class EngineClient:
         arena.arriving = 0
         self.model: ModelInfo | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: dict[int, tuple[asyncio.Future[Any], int | None]] = {}
+        # request id -> (its future: a scoring request's rows as bytes, else the engine's answer
+        # message, checked by call(); its arena region's offset)
+        self._pending: dict[int, tuple[asyncio.Future[object], int | None]] = {}
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -248,7 +250,7 @@ class EngineClient:
 
     def _send(
         self, message: InferRequest | AdminCommand, offset: int | None
-    ) -> asyncio.Future[Any]:
+    ) -> asyncio.Future[object]:
         """Write a message to the engine at once, one frame (see :class:`service.common.wire.Outbox`
         for why front ends do not coalesce); the future gets its answer."""
         writer = self._writer
@@ -257,7 +259,7 @@ class EngineClient:
                 "the inference engine is restarting; retry", headers={"Retry-After": "1"}
             )
         request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (future, offset)
         writer.write(encode_message(request_id, message))
         return future
@@ -284,7 +286,7 @@ class EngineClient:
             self.release(region)
             raise
         data = await _wait(future, timeout_s + ANSWER_GRACE_S)  # the rows' float64 bytes
-        return ScoreColumns.from_bytes(data, options.top_k)
+        return ScoreColumns.from_bytes(cast("bytes", data), options.top_k)
 
     async def call(self, command: Command[A], timeout_s: float = 600.0) -> A:
         """Run an admin command in the engine (model swaps, training jobs); its answer, typed
@@ -295,7 +297,7 @@ class EngineClient:
         return check_answer(command, answer)
 
 
-async def _wait(future: asyncio.Future[Any], timeout_s: float) -> Any:
+async def _wait(future: asyncio.Future[object], timeout_s: float) -> object:
     """The engine's answer in ``future``, or a 504 once ``timeout_s`` has passed.
 
     One timer per request, no wrapper: ``asyncio.wait_for(asyncio.shield(future))`` made a task-side
@@ -311,7 +313,7 @@ async def _wait(future: asyncio.Future[Any], timeout_s: float) -> Any:
         timer.cancel()
 
 
-def _expire(future: asyncio.Future[Any], timeout_s: float) -> None:
+def _expire(future: asyncio.Future[object], timeout_s: float) -> None:
     from service.common.errors import DeadlineExceeded
 
     if not future.done():
