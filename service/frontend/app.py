@@ -4,8 +4,9 @@
 lifespan starts the connection to the engine and the decode thread pool. uvicorn serves
 ``asgi_app(app)``: :class:`ServingMiddleware` (body cap, metrics, drain, arrival count) around
 :class:`DirectDispatch` (the scoring routes straight to their endpoints) around the app. The request path of
-``/v1/predict`` reads in one sitting: parse (routes/predict.py) → decode into shared memory
-(decode.py) → the engine batches, runs and scores (engine.py) → encode (routes/predict.py).
+``/v1/predict`` reads in one sitting: parse (routes/predict.py) → the one scoring path of every
+protocol (pipeline.py: options, decode into shared memory, the engine batches, runs and scores,
+the review queue) → encode (routes/predict.py).
 """
 
 from __future__ import annotations

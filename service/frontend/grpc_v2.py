@@ -21,24 +21,21 @@ import numpy as np
 
 from service.common import errors
 from service.frontend.deps import ServiceState
-from service.frontend.inference import predict_tensor, resolve_options
-from service.frontend.review_queue import queue_tensor_answers
+from service.frontend.pipeline import Pixels, infer
 from service.frontend.routes.health import is_ready
 from service.frontend.v2_core import (
     DTYPES,
     OUTPUTS,
     SERVER_EXTENSIONS,
     check_input_spec,
+    check_outputs,
     check_parameters,
     model_config_dict,
     model_metadata_dict,
     model_statistics,
     output_tensors,
-    prepare_param,
     repository_control,
     repository_index,
-    review_param,
-    to_model_input,
     versioned_model,
 )
 
@@ -177,6 +174,7 @@ def make_servicer(state: ServiceState) -> Any:
             await abort(context, repository_control("unload"))
 
         async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+            """V2 gRPC's adapter over the one scoring path (service.frontend.pipeline.infer)."""
             try:
                 with state.engine.arrival() as arrival:  # as ServingMiddleware does
                     arrival.start()  # the request is whole: gRPC hands it over complete
@@ -185,38 +183,18 @@ def make_servicer(state: ServiceState) -> Any:
                         raise errors.NotFound(
                             f"model {model.name!r} has no version {request.model_version!r}"
                         )
-                    params = {k: _param(v) for k, v in request.parameters.items()}
-                    abstain_k, vgmu_on, timeout_s = check_parameters(params)
-                    metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
-                    review = review_param(state, params, metadata)
-                    names = [o.name for o in request.outputs] or list(OUTPUTS)
-                    unknown = [n for n in names if n not in OUTPUTS]
-                    if unknown:
-                        raise errors.BadInput(
-                            f"unknown outputs {unknown}; available: {list(OUTPUTS)}"
-                        )
-                    n_classes = len(model.class_names)
-                    options = resolve_options(
-                        state, model, abstain_k=abstain_k, vgmu_on=vgmu_on,
-                        top_k=n_classes,
-                    )  # fmt: skip
+                    params = check_parameters({k: _param(v) for k, v in request.parameters.items()})
+                    names = check_outputs([o.name for o in request.outputs])
                     arr, dtype = _input_array(request, state.settings.max_images)
-                    prepare = prepare_param(params, model, dtype)
-                    x, findings = to_model_input(arr, dtype, model, state, prepare)
-                    columns = await predict_tensor(state, model, x, options, timeout_s, findings)
-                said: dict[str, str] = {}
-                if review != "never":  # the queue is on: as /v1/predict and V2 HTTP do
-                    said = await queue_tensor_answers(
-                        state, model, review, columns, arr if dtype == "UINT8" else None,
-                        options.abstain_k, metadata,
-                    )  # fmt: skip
+                    metadata = {k.lower(): v for k, v in (context.invocation_metadata() or ())}
+                    answer = await infer(state, params.call(model, Pixels(arr, dtype), metadata))
             except Exception as exc:  # noqa: BLE001 - every failure is a gRPC status
                 await abort(context, exc)
-            tensors = output_tensors(columns, n_classes)
+            tensors = output_tensors(answer.columns, len(model.class_names))
             out = pb.ModelInferResponse(
                 model_name=model.name, model_version=model.version, id=request.id
             )
-            for key, value in said.items():  # review_status, review_id (queue_tensor_answers)
+            for key, value in answer.review.items():  # review_status, review_id
                 out.parameters[key].string_param = value
             for n in names:
                 t = tensors[n]

@@ -1,11 +1,13 @@
 """The KServe V2 protocol's core, shared by V2 over HTTP (:mod:`service.frontend.routes.v2`) and
 over gRPC (:mod:`service.frontend.grpc_v2`): the outputs and input datatypes, model metadata, the
-version check, the checks of the input spec and request parameters, the review parameter,
-input → model input and packed columns → output tensors, and the Triton extensions stock tools
-call (model configuration, repository index, statistics; issue 27).
+version check, the checks of the input spec, the request parameters and the requested outputs,
+packed columns → output tensors, and the Triton extensions stock tools call (model configuration,
+repository index, statistics; issue 27).
 
-Both transports call these, so a rule changes in one place (issue 26: the start of the single V2
-core; parsing and encoding still live with each transport).
+A V2 request is scored by :func:`service.frontend.pipeline.infer`, as a ``/v1`` one is: each
+transport parses its wire format, checks it here (:func:`check_parameters`, :func:`check_outputs`,
+:func:`check_input_spec`) into a :class:`~service.frontend.pipeline.Call`, and encodes the answer's
+:func:`output_tensors`.
 """
 
 from __future__ import annotations
@@ -13,22 +15,21 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
 import numpy as np
-import torch
 
 from models.limits import ABSTAIN_K_MAX, ABSTAIN_K_MIN
-from models.prepare import PrepareMode
 from models.serving import ScoreColumns
-from service.common.decode import prepare_one
 from service.common.errors import BadInput, InvalidValue, NotFound, PayloadTooLarge
 from service.common.model_info import ModelInfo
 from service.common.settings import Settings
 from service.frontend.deps import ServiceState
-from service.frontend.inference import resolve_prepare
-from service.frontend.review_queue import ReviewPolicy, review_policy
+from service.frontend.pipeline import Call, Pixels, normalisation
+from service.frontend.review_queue import ReviewPolicy
 from service.frontend.routes.schemas import (
     TIMEOUT_S_MAX,
     TIMEOUT_S_MIN,
@@ -65,15 +66,6 @@ INPUT_NAMES: dict[str, str] = {"UINT8": "images", "FP32": "input"}
 #: The layout of the ``images`` input this server documents; NHWC is accepted where unambiguous
 #: (:func:`to_model_input`).
 IMAGE_LAYOUT = "NCHW"
-
-
-def normalisation(model: ModelInfo) -> tuple[list[float], list[float]]:
-    """The card's per-channel mean and std: FP32 ``input`` = (pixels / 255 − mean) / std.
-
-    From the engine's description of the model (``/v1/models`` shows the same); an older engine
-    without them (during a rolling upgrade) gives empty lists."""
-    desc = model.description
-    return list(desc.get("input_mean", [])), list(desc.get("input_std", []))
 
 
 def _input_parameters(model: ModelInfo) -> dict[str, Any]:
@@ -388,9 +380,29 @@ REQUEST_PARAMETERS: tuple[str, ...] = (
 TRITON_IGNORED_PARAMETERS: tuple[str, ...] = ("triton_enable_empty_final_response",)
 
 
-def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
-    """A request's ``abstain_k``, ``vgmu_on`` and ``timeout_s``, checked for HTTP and gRPC alike
-    (and that it sends no parameter this server does not read; ``review``: :func:`review_param`)."""
+@dataclass(frozen=True, slots=True)
+class Parameters:
+    """A V2 request's parameters, checked for HTTP and gRPC alike (:func:`check_parameters`)."""
+
+    abstain_k: float | None
+    vgmu_on: str | None
+    timeout_s: float | None
+    prepare: str | None
+    review: ReviewPolicy | None
+
+    def call(self, model: ModelInfo, pixels: Pixels, headers: Mapping[str, str]) -> Call:
+        """The pipeline's :class:`~service.frontend.pipeline.Call` for ``pixels`` (every class's
+        probability: V2 answers whole vectors)."""
+        return Call(
+            model, pixels, headers, abstain_k=self.abstain_k, vgmu_on=self.vgmu_on,
+            prepare=self.prepare, review=self.review, timeout_s=self.timeout_s,
+        )  # fmt: skip
+
+
+def check_parameters(params: dict[str, Any]) -> Parameters:
+    """A request's ``abstain_k``, ``vgmu_on``, ``timeout_s``, ``prepare`` (``mnist``/``none``) and
+    ``review`` (``auto``/``always``/``never``), as on /v1/predict; and that it sends no parameter
+    this server does not read. What they mean for the model and the queue is the pipeline's."""
     unknown = [
         str(key)
         for key in params
@@ -414,114 +426,21 @@ def check_parameters(params: dict[str, Any]) -> tuple[float | None, str | None, 
         raise InvalidValue(
             f"timeout_s must be a number in [{TIMEOUT_S_MIN:g}, {TIMEOUT_S_MAX:g}] (seconds)"
         )
-    return k, vgmu_on, timeout
-
-
-def prepare_param(params: dict[str, Any], model: ModelInfo, datatype: str) -> PrepareMode | None:
-    """A request's ``prepare`` parameter (``mnist``/``none``, as on /v1/predict) for its UINT8
-    images; None for FP32 input, which is the model's own input and is never prepared (a
-    ``prepare`` other than ``none`` with it is a 422)."""
-    asked = params.get("prepare")
-    if asked is not None and not isinstance(asked, str):
-        raise InvalidValue("prepare must be a string: 'mnist' or 'none'")
-    if datatype == "FP32":
-        if asked not in (None, "none"):
-            raise InvalidValue(
-                "prepare applies to UINT8 images; FP32 input is the model's normalised input "
-                "and is used as sent: leave prepare out or send the pixels as UINT8"
-            )
-        return None
-    return resolve_prepare(model, asked)
-
-
-def review_param(state: ServiceState, params: dict[str, Any], headers: Any) -> ReviewPolicy:
-    """The request's ``review`` parameter (``auto``/``always``/``never``, as on /v1/predict:
-    ``auto`` by default with the queue on; ``always`` needs a key), for HTTP and gRPC alike."""
-    asked = params.get("review")
-    if asked is not None and asked not in get_args(ReviewPolicy):
+    review = params.get("review")
+    if review is not None and review not in get_args(ReviewPolicy):
         raise InvalidValue(f"review must be one of {', '.join(map(repr, get_args(ReviewPolicy)))}")
-    return review_policy(state, asked, headers)
+    prepare = params.get("prepare")
+    if prepare is not None and not isinstance(prepare, str):
+        raise InvalidValue("prepare must be a string: 'mnist' or 'none'")
+    return Parameters(k, vgmu_on, timeout, prepare, review)
 
 
-def _check_normalised(x: np.ndarray, model: ModelInfo) -> None:
-    """Refuse (422) FP32 input that is pixels scaled to [0, 1] rather than normalised.
-
-    A normalised image's black pixels are (0 − mean) / std < 0 (−0.42 for the default model), so
-    an image whose values all lie in [0, 1] and vary is, in practice, ``pixels / 255`` sent without
-    the normalisation: the model answered such an image confidently wrong ("8", probability 1.0,
-    no abstain; issue 27), which an uncertainty server must not do silently. A constant image
-    (e.g. all zeros, perf_analyzer's ``--input-data zero``) says nothing either way and is
-    answered."""
-    mean, std = normalisation(model)
-    if not mean:
-        return
-    flat = x.reshape(len(x), -1)
-    lo, hi = flat.min(axis=1), flat.max(axis=1)
-    bad = np.flatnonzero((lo >= 0.0) & (hi <= 1.0) & (hi > lo))
-    if bad.size:
-        i = int(bad[0])
-        black = [round((0.0 - m) / s, 4) for m, s in zip(mean, std, strict=True)]
-        raise InvalidValue(
-            f"FP32 input {i} looks like pixels scaled to [0, 1] (min {float(lo[i]):.3g}, max "
-            f"{float(hi[i]):.3g}, mean {float(flat[i].mean()):.3g}), not the model's normalised "
-            f"input: send (pixels / 255 - mean) / std per channel with mean {mean} and std {std} "
-            f"(black pixels become {black}), or send the raw pixels as UINT8 'images'"
-        )
-
-
-def to_model_input(
-    arr: np.ndarray,
-    dtype: str,
-    model: ModelInfo,
-    state: ServiceState,
-    prepare: PrepareMode | None = None,
-) -> tuple[torch.Tensor, np.ndarray | None]:
-    """uint8 pixels prepared for the model (``prepare``: :func:`models.prepare.prepare_image`)
-    with what each preparation found, or the FP32 input as given (and None).
-
-    UINT8 layout: ``[B, C, H, W]`` (NCHW, the documented one) when dim 1 is a channel count (1,
-    3 or 4), else ``[B, H, W, C]`` (NHWC, as numpy/PIL images stack) when the last dim is one;
-    neither is a 400 naming the expected layout. ``[B, H, W]`` is grayscale."""
-    settings = state.settings
-    if (
-        dtype == "UINT8"
-        and arr.ndim == 4
-        and arr.shape[1] not in (1, 3, 4)
-        and arr.shape[3] in (1, 3, 4)
-    ):
-        arr = arr.transpose(0, 3, 1, 2)  # NHWC, unambiguous: dim 1 cannot be channels
-    if arr.shape[-1] * arr.shape[-2] > settings.max_image_pixels:
-        raise PayloadTooLarge(
-            f"images of {arr.shape[-1]}x{arr.shape[-2]} pixels exceed the limit of "
-            f"{settings.max_image_pixels} (VGE_MAX_IMAGE_PIXELS)"
-        )
-    if dtype == "FP32":
-        if tuple(arr.shape[1:]) != model.input_shape:
-            raise BadInput(
-                f"FP32 input shape {list(arr.shape)} does not match the model input "
-                f"[B, {', '.join(map(str, model.input_shape))}]; send raw pixels as UINT8 instead"
-            )
-        _check_normalised(arr, model)
-        return torch.from_numpy(np.ascontiguousarray(arr)), None
-    images = torch.from_numpy(np.ascontiguousarray(arr))
-    if images.ndim == 3:
-        images = images.unsqueeze(1)
-    if images.shape[1] not in (1, 3, 4):
-        raise BadInput(
-            f"UINT8 input of shape {list(arr.shape)} has {images.shape[1]} channels in NCHW and "
-            f"{images.shape[3]} in NHWC: send [B, C, H, W] (NCHW; the model's is "
-            f"[B, {', '.join(map(str, model.input_shape))}]) or [B, H, W, C] with C 1, 3 or 4"
-        )
-    findings = np.zeros(len(images), np.uint8)
-    if prepare in (None, "none") and tuple(images.shape[1:]) == model.input_shape:
-        return images, findings
-    mode: PrepareMode = prepare or "none"
-    prepared = []
-    for i, img in enumerate(images):
-        image, finding = prepare_one(img, i, mode, model.in_channels, model.input_size)
-        prepared.append(image)
-        findings[i] = finding
-    return torch.stack(prepared), findings
+def check_outputs(names: list[Any]) -> list[str]:
+    """The requested output names (all of them when none is named), each one this model has."""
+    unknown = [n for n in names if not isinstance(n, str) or n not in OUTPUTS]
+    if unknown:
+        raise BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
+    return list(names) or list(OUTPUTS)
 
 
 NUMPY_DTYPES: dict[str, np.dtype[Any]] = {

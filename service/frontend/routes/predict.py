@@ -15,19 +15,8 @@ from service.common.decode import b64_images, multipart_images
 from service.common.errors import BadInput, InvalidValue, PayloadTooLarge
 from service.common.settings import Settings
 from service.frontend.deps import ServiceState, service_state
-from service.frontend.inference import (
-    parse_json,
-    predict_images,
-    resolve_options,
-    resolve_prepare,
-)
 from service.frontend.multipart import INLINE_PARSE_BYTES, parse_form_async
-from service.frontend.review_queue import (
-    chosen_for_review,
-    has_review_key,
-    queue_answers,
-    review_policy,
-)
+from service.frontend.pipeline import Call, Encoded, infer, parse_json
 from service.frontend.routes.direct import add_direct_route
 from service.frontend.routes.schemas import (
     PredictJSON,
@@ -142,23 +131,14 @@ async def predict(request: Request) -> Response:
         opts = _NO_OPTIONS
     else:
         opts = _options(request, body_options)
-    options = resolve_options(
-        state, model, abstain_k=opts.abstain_k, vgmu_on=opts.vgmu_on, top_k=opts.top_k
-    )
-    prepare = resolve_prepare(model, opts.prepare)
-    review = review_policy(state, opts.review, request.headers)
-    columns, findings = await predict_images(state, model, blobs, options, opts.timeout_s, prepare)
+    call = Call(
+        model, Encoded(blobs), request.headers, abstain_k=opts.abstain_k, vgmu_on=opts.vgmu_on,
+        top_k=opts.top_k, prepare=opts.prepare, review=opts.review, timeout_s=opts.timeout_s,
+    )  # fmt: skip
+    answer = await infer(state, call)  # the one scoring path (service/frontend/pipeline.py)
     # Plain floats, ints, bools and strings built by ScoreColumns.records: json.dumps (C) encodes
     # them directly; validating them through a pydantic response model cost ~10 % of a request.
-    records = columns.records(list(model.class_names), options.abstain_k, findings)
-    queue = state.reviews if review != "never" else None
-    if queue is not None and chosen_for_review(review, records):  # off the loop: file + DB writes
-        reveal = review == "always" or has_review_key(state.settings, request.headers)
-        await asyncio.to_thread(
-            queue_answers, queue, state.metrics, model=model.name, model_version=model.version,
-            classes=model.class_names, policy=review, blobs=blobs, records=records, reveal=reveal,
-        )  # fmt: skip
-    body = {"model": model.name, "model_version": model.version, "results": records}
+    body = {"model": model.name, "model_version": model.version, "results": answer.records}
     return Response(_ENCODE_JSON(body), media_type="application/json")
 
 

@@ -39,9 +39,8 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 from service.common.errors import BadInput, PayloadTooLarge
 from service.common.model_info import ModelInfo
 from service.frontend.deps import ServiceState, State, service_state
-from service.frontend.inference import parse_json, predict_tensor, resolve_options
 from service.frontend.multipart import INLINE_PARSE_BYTES
-from service.frontend.review_queue import queue_tensor_answers
+from service.frontend.pipeline import Pixels, infer, parse_json
 from service.frontend.routes.direct import add_direct_route
 from service.frontend.routes.health import is_ready
 from service.frontend.routes.schemas import error_responses
@@ -50,17 +49,15 @@ from service.frontend.v2_core import (
     OUTPUTS,
     SERVER_EXTENSIONS,
     check_input_spec,
+    check_outputs,
     check_parameters,
     is_number,
     model_config_dict,
     model_metadata_dict,
     model_statistics,
     output_tensors,
-    prepare_param,
     repository_control,
     repository_index,
-    review_param,
-    to_model_input,
     versioned_model,
 )
 
@@ -302,10 +299,6 @@ def _flat(data: Any) -> Any:
             yield v
 
 
-def _parameters(body: dict[str, Any]) -> tuple[float | None, str | None, float | None]:
-    return check_parameters(_object(body.get("parameters"), "parameters"))
-
-
 def _binary_wanted(body: dict[str, Any], wanted: list[dict[str, Any]] | None) -> dict[str, bool]:
     """Per output: send it with the binary tensor extension (request- or output-level flag)."""
     params = _object(body.get("parameters"), "parameters")
@@ -345,40 +338,27 @@ def _encode(response: dict[str, Any], tensors: dict[str, np.ndarray], binary: di
 
 
 async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
+    """V2 HTTP's adapter over the one scoring path (:func:`service.frontend.pipeline.infer`):
+    parse the JSON or binary-extension body into a call, encode the answer's tensors."""
     body, binary, json_size = await _parse_body(request, state.settings.max_json_bytes)
     wanted = body.get("outputs")
-    names = list(OUTPUTS)
-    if wanted:
-        if not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted):
-            raise BadInput('outputs must be a list of {"name": ...} objects')
-        names = [o.get("name") for o in wanted]
-        unknown = [n for n in names if not isinstance(n, str) or n not in OUTPUTS]
-        if unknown:
-            raise BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
+    if wanted and (not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted)):
+        raise BadInput('outputs must be a list of {"name": ...} objects')
+    names = check_outputs([o.get("name") for o in wanted or []])
     binary_wanted = _binary_wanted(body, wanted)  # checked before the batch is computed
-    abstain_k, vgmu_on, timeout_s = _parameters(body)
-    review = review_param(state, body.get("parameters") or {}, request.headers)
-    n_classes = len(model.class_names)
-    options = resolve_options(state, model, abstain_k=abstain_k, vgmu_on=vgmu_on, top_k=n_classes)
+    params = check_parameters(_object(body.get("parameters"), "parameters"))
     if json_size <= INLINE_PARSE_BYTES:
         arr = _input_tensor(body, binary, state.settings.max_images)
     else:  # a long JSON list: numpy's conversion and the checks hold the interpreter
         arr = await asyncio.to_thread(_input_tensor, body, binary, state.settings.max_images)
-    datatype = body["inputs"][0]["datatype"]
-    prepare = prepare_param(body.get("parameters") or {}, model, datatype)
-    x, findings = to_model_input(arr, datatype, model, state, prepare)
-    columns = await predict_tensor(state, model, x, options, timeout_s, findings)
-    tensors = output_tensors(columns, n_classes)
+    pixels = Pixels(arr, body["inputs"][0]["datatype"])
+    answer = await infer(state, params.call(model, pixels, request.headers))
     response: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if "id" in body:
         response["id"] = body["id"]
-    if review != "never":  # the queue is on: queue what it chose, as /v1/predict does
-        pixels = arr if body["inputs"][0]["datatype"] == "UINT8" else None
-        said = await queue_tensor_answers(
-            state, model, review, columns, pixels, options.abstain_k, request.headers
-        )
-        if said:
-            response["parameters"] = said
+    if answer.review:  # what the review queue did (review_status, review_id)
+        response["parameters"] = answer.review
+    tensors = output_tensors(answer.columns, len(model.class_names))
     return _encode(response, tensors, binary_wanted, names)
 
 
