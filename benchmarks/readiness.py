@@ -1,17 +1,23 @@
-"""How long after SIGTERM ``vge serve`` stops calling itself ready.
+"""How long after SIGTERM ``vge serve`` stops calling itself ready; with ``--start``, how long it
+takes to start, and to answer again after its engine is killed.
 
-    python -m benchmarks.readiness [--repo PATH] [--starts 5]
+    python -m benchmarks.readiness [--repo PATH] [--starts 5] [--start]
 
 Starts the server in ``--repo`` (default: this checkout; a ``git worktree`` of another revision
 compares builds) as the serving benchmark starts it (:func:`benchmarks.serving.targets`), with two
 front ends and a 1 s drain, waits until ``/readyz`` is 200, sends SIGTERM and asks ``/readyz``
 back to back (a new connection each time) until the answer is not 200. Prints the milliseconds for each start and their median. A load balancer that probes
 ``/readyz`` keeps sending new work for this long.
+
+``--start``: for each start, the seconds from launching ``vge serve`` (one front end, the shipped
+model) to ``/readyz`` 200, then from ``kill -9`` of its engine to the next 200 of a
+``/v1/predict`` (one MNIST PNG, asked back to back; 503 until the supervisor's new engine serves).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import statistics
@@ -50,11 +56,62 @@ def time_to_not_ready(repo: Path) -> float:
             target.stop()
 
 
+def _engine_pid(supervisor: int) -> int:
+    """The engine among the supervisor's children: the spawned one (/proc)."""
+    for child in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split():
+        cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+            return int(child)
+    raise RuntimeError("no engine among the supervisor's children")
+
+
+def time_to_start_and_recover(repo: Path) -> tuple[float, float]:
+    """Seconds to ``/readyz`` 200 from launch, and to a 200 ``/v1/predict`` after ``kill -9`` of
+    the engine, for one start."""
+    import httpx
+
+    from benchmarks.serving import _pngs
+
+    png = _pngs(1)[0]
+    with tempfile.TemporaryDirectory() as workdir:
+        (target,) = targets(["vge@WORKERS=1,DRAIN_S=0"], None, Path(workdir))
+        target.cwd = repo
+        launched = time.monotonic()
+        target.start()  # returns once /readyz is 200
+        ready = time.monotonic() - launched
+        try:
+            assert target.proc is not None
+            url = f"http://127.0.0.1:{target.port}/v1/predict"
+            files = [("images", ("d.png", png, "image/png"))]
+            assert httpx.post(url, files=files, timeout=30).status_code == 200
+            killed = time.monotonic()
+            os.kill(_engine_pid(target.proc.pid), signal.SIGKILL)
+            while True:
+                try:
+                    if httpx.post(url, files=files, timeout=30).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.01)
+            return ready, time.monotonic() - killed
+        finally:
+            target.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO, help="checkout to serve")
     parser.add_argument("--starts", type=int, default=5, help="server starts to time")
+    parser.add_argument("--start", action="store_true",
+                        help="time start-up and recovery from an engine kill instead")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.start:
+        runs = [time_to_start_and_recover(args.repo) for _ in range(args.starts)]
+        for what, values in (("to ready", [r[0] for r in runs]),
+                             ("engine kill to answering", [r[1] for r in runs])):  # fmt: skip
+            print(f"{args.repo}: {what}, s: {', '.join(f'{x:.2f}' for x in values)}; "
+                  f"median {statistics.median(values):.2f}")  # fmt: skip
+        return
     ms = [time_to_not_ready(args.repo) * 1000 for _ in range(args.starts)]
     print(f"{args.repo}: SIGTERM to not ready, ms: {', '.join(f'{x:.1f}' for x in ms)}; "
           f"median {statistics.median(ms):.1f}")  # fmt: skip

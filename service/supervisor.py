@@ -207,8 +207,8 @@ class Supervisor:
         self.start_engine()
         # Import what front ends run before forking them, so the pages stay shared (copy-on-write);
         # while the engine starts: the two imports (~2.4 s each, torch and torchvision) then run
-        # side by side instead of one after the other (a ready server 8.8 -> 5.2 s on the 2-core
-        # box, with the engine's scikit-learn import gone too; docs/architecture.md, "Start-up").
+        # side by side instead of one after the other (a ready server 10.4 -> 6.6-8.1 s on the
+        # 2-core box, with the engine's other imports cut; docs/benchmarks.md, "Start-up").
         import service.frontend.server  # noqa: F401
 
         if not self.wait_engine_ready():
