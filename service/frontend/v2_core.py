@@ -1,5 +1,6 @@
 """The KServe V2 protocol's core, shared by V2 over HTTP (:mod:`service.frontend.routes.v2`) and
-over gRPC (:mod:`service.frontend.grpc_v2`): the outputs and input datatypes, model metadata, the
+over gRPC (:mod:`service.frontend.grpc_v2`): the tensors, declared once (:class:`Tensor`:
+:data:`INPUTS`, :data:`OUTPUT_TENSORS`; the metadata, config and checks read them), model metadata, the
 version check, the checks of the input spec, the request parameters and the requested outputs,
 packed columns → output tensors, and the Triton extensions stock tools call (model configuration,
 repository index, statistics; issue 27).
@@ -18,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -36,19 +37,59 @@ from service.frontend.routes.schemas import (
     VgmuOn,
 )
 
-OUTPUTS: dict[str, str] = {
-    "probabilities": "FP32",
-    "prediction": "INT64",
-    "vgmu": "FP32",
-    "snr": "FP32",
-    "tu": "FP32",
-    "au": "FP32",
-    "eu": "FP32",
-    "abstain": "BOOL",
-}
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One V2 tensor, declared once (as PyTriton's ``Tensor``): its name, datatype and per-image
+    shape; the model metadata, the Triton model config, the input checks and the output encoding
+    all read these declarations (:data:`INPUTS`, :data:`OUTPUT_TENSORS`)."""
+
+    name: str
+    datatype: str  # V2 datatype: UINT8, FP32, INT64, BOOL
+    #: Per image (the batch dimension excluded): ``image`` the model's [C, H, W], ``classes``
+    #: [n_classes], ``scalar`` [].
+    per_image: Literal["image", "classes", "scalar"]
+
+    @property
+    def numpy(self) -> np.dtype[Any]:
+        """Its NumPy dtype on the wire (little-endian, as V2's binary extension sends it)."""
+        return _NUMPY[self.datatype]
+
+    def dims(self, model: ModelInfo) -> list[int]:
+        """Its per-image shape for ``model``."""
+        if self.per_image == "image":
+            return list(model.input_shape)
+        return [len(model.class_names)] if self.per_image == "classes" else []
 
 
-DTYPES: dict[str, np.dtype[Any]] = {"UINT8": np.dtype(np.uint8), "FP32": np.dtype("<f4")}
+_NUMPY: dict[str, np.dtype[Any]] = {
+    "UINT8": np.dtype(np.uint8), "FP32": np.dtype("<f4"), "INT64": np.dtype("<i8"),
+    "BOOL": np.dtype(np.bool_),
+}  # fmt: skip
+
+#: The two inputs a request may carry, exactly one of them: raw pixels, or prepared model input.
+#: ``images`` takes any size and NCHW, NHWC or [B, H, W] (pipeline.to_model_input); its declared
+#: shape is the model's.
+INPUTS: tuple[Tensor, ...] = (Tensor("images", "UINT8", "image"), Tensor("input", "FP32", "image"))
+
+#: The outputs, in the order they are listed and sent.
+OUTPUT_TENSORS: tuple[Tensor, ...] = (
+    Tensor("probabilities", "FP32", "classes"),
+    Tensor("prediction", "INT64", "scalar"),
+    Tensor("vgmu", "FP32", "scalar"),
+    Tensor("snr", "FP32", "scalar"),
+    Tensor("tu", "FP32", "scalar"),
+    Tensor("au", "FP32", "scalar"),
+    Tensor("eu", "FP32", "scalar"),
+    Tensor("abstain", "BOOL", "scalar"),
+)
+
+#: Derived from the declarations: output name -> datatype; input datatype -> NumPy dtype and
+#: -> input name.
+OUTPUTS: dict[str, str] = {t.name: t.datatype for t in OUTPUT_TENSORS}
+DTYPES: dict[str, np.dtype[Any]] = {t.datatype: t.numpy for t in INPUTS}
+INPUT_NAMES: dict[str, str] = {t.datatype: t.name for t in INPUTS}
+_IMAGES = INPUTS[0]
 
 
 #: The protocol extensions server metadata lists. The statistics routes answer, but
@@ -57,10 +98,6 @@ DTYPES: dict[str, np.dtype[Any]] = {"UINT8": np.dtype(np.uint8), "FP32": np.dtyp
 #: versions are integers), finds none for this server's "1.0.0" and stops with "missing
 #: statistics for requested model". Unlisted, it reports client-side numbers and completes.
 SERVER_EXTENSIONS: list[str] = ["binary_tensor_data", "model_configuration"]
-
-
-#: The two inputs, by name: raw pixels or prepared model input.
-INPUT_NAMES: dict[str, str] = {"UINT8": "images", "FP32": "input"}
 
 
 #: The layout of the ``images`` input this server documents; NHWC is accepted where unambiguous
@@ -100,17 +137,17 @@ def model_metadata_dict(model: ModelInfo) -> dict[str, Any]:
     request holds exactly one of the two, and stock tools (perf_analyzer, model_analyzer) send
     every listed input at once, which no request can be (issue 27). The FP32 input is described
     in ``parameters`` (``input_datatype``, ``input_shape``, ``input_mean``, ``input_std``)."""
-    n_classes = len(model.class_names)
     return {
         "name": model.name,
         "versions": [model.version],
         "platform": PLATFORM,
         "inputs": [
-            {"name": INPUT_NAMES["UINT8"], "datatype": "UINT8", "shape": [-1, *model.input_shape]},
+            {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims(model)]}
+            for t in (_IMAGES,)
         ],
         "outputs": [
-            {"name": n, "datatype": d, "shape": [-1, n_classes] if n == "probabilities" else [-1]}
-            for n, d in OUTPUTS.items()
+            {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims(model)]}
+            for t in OUTPUT_TENSORS
         ],
         "parameters": {"classes": list(model.class_names), **_input_parameters(model)},
     }
@@ -130,8 +167,6 @@ def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
     send every listed input); the FP32 ``input`` and its normalisation are in ``parameters``.
     ``dynamic_batching`` is this server's batcher: its delay and the forward-pass size it fills
     batches towards; ``instance_group`` its device and batches computed at once."""
-    n_classes = len(model.class_names)
-    dims = list(model.input_shape)
     device = str(model.description.get("device", "cpu"))  # the engine's, as it reports it
     return {
         "name": model.name,
@@ -143,19 +178,25 @@ def model_config_dict(model: ModelInfo, settings: Settings) -> dict[str, Any]:
         "max_batch_size": settings.max_images,
         "input": [
             {
-                "name": INPUT_NAMES["UINT8"],
-                "data_type": "TYPE_UINT8",
-                "format": "FORMAT_NCHW",
-                "dims": dims,
+                "name": t.name,
+                "data_type": f"TYPE_{t.datatype}",
+                "format": f"FORMAT_{IMAGE_LAYOUT}",
+                "dims": t.dims(model),
                 "optional": False,
-            },
+            }
+            for t in (_IMAGES,)
         ],
         "output": [
-            {"name": n, "data_type": f"TYPE_{d}", "dims": [n_classes]}
-            if n == "probabilities"
+            {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.dims(model)}
+            if t.dims(model)
             # a scalar per image: dims [1] reshaped to [] (Triton's way to say [B])
-            else {"name": n, "data_type": f"TYPE_{d}", "dims": [1], "reshape": {"shape": []}}
-            for n, d in OUTPUTS.items()
+            else {
+                "name": t.name,
+                "data_type": f"TYPE_{t.datatype}",
+                "dims": [1],
+                "reshape": {"shape": []},
+            }
+            for t in OUTPUT_TENSORS
         ],  # fmt: skip
         "dynamic_batching": {
             "preferred_batch_size": [settings.resolved_max_batch_size(device)],
@@ -341,7 +382,7 @@ def check_input_spec(name: Any, dtype: Any, shape: Any, max_images: int) -> int:
     """The one input tensor's name, datatype and shape, checked for HTTP and gRPC alike; returns
     its element count."""
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise BadInput(f"input datatype {dtype!r} is not supported; use UINT8 or FP32")
+        raise BadInput(f"input datatype {dtype!r} is not supported; use {' or '.join(DTYPES)}")
     if name != INPUT_NAMES[dtype]:  # required by the protocol; the name says what the data is
         raise BadInput(
             f"input {name!r} with datatype {dtype}: send raw pixels as "
@@ -443,23 +484,12 @@ def check_outputs(names: list[Any]) -> list[str]:
     return list(names) or list(OUTPUTS)
 
 
-NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
-    "FP32": np.dtype("<f4"),
-    "INT64": np.dtype("<i8"),
-    "BOOL": np.dtype(np.bool_),
-}
-
-
 def output_tensors(columns: ScoreColumns, n_classes: int) -> dict[str, np.ndarray]:
-    """V2 output tensors from the packed columns (top-k over all classes, scattered back)."""
-    b = len(columns)
-    probs = np.zeros((b, n_classes), dtype=np.float64)
+    """The V2 output tensors (:data:`OUTPUT_TENSORS`) from the packed columns: the probabilities
+    scattered back from the top-k over all classes, each per-image score its column."""
+    probs = np.zeros((len(columns), n_classes), dtype=np.float64)
     np.put_along_axis(probs, columns.top_indices, columns.top_probabilities, axis=1)
-    out: dict[str, np.ndarray] = {
-        "probabilities": probs,
-        "prediction": columns.column("prediction"),
-        "abstain": columns.column("abstain"),
+    return {
+        t.name: (probs if t.per_image == "classes" else columns.column(t.name)).astype(t.numpy)
+        for t in OUTPUT_TENSORS
     }
-    for key in ("vgmu", "snr", "tu", "au", "eu"):
-        out[key] = columns.column(key)
-    return {k: v.astype(NUMPY_DTYPES[OUTPUTS[k]]) for k, v in out.items()}
