@@ -69,8 +69,8 @@ Answer = Callable[[ScoreColumns | None, BaseException | None], None]
 
 
 @dataclasses.dataclass(eq=False)
-class _Unit:
-    """One request in the queue."""
+class Unit:
+    """One request in the queue (the engine holds each until it is answered)."""
 
     predictor: ServedPredictor
     model: str
@@ -131,7 +131,7 @@ class Batcher:
         self.max_queue_length = max_queue_length
         self.wait_always = wait_always
         self.metrics = metrics
-        self._pending: deque[_Unit] = deque()
+        self._pending: deque[Unit] = deque()
         self._rows = 0
         # predictor -> rows queued for it (O(1) fullness)
         self._rows_by: dict[ServedPredictor, int] = {}
@@ -147,7 +147,7 @@ class Batcher:
         # One compute thread per batch in flight; a batch is taken only when a slot is free, so
         # with one slot the next batch fills while this one computes.
         self._slots = asyncio.Semaphore(in_flight)
-        self._running: dict[asyncio.Task[None], list[_Unit]] = {}  # batches computing
+        self._running: dict[asyncio.Task[None], list[Unit]] = {}  # batches computing
         self._executor = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="vge-compute")
         self._batch_s = 0.01  # running estimate of one batch's compute time (for Retry-After)
         self._gauges: dict[str, Any] = {}
@@ -187,7 +187,7 @@ class Batcher:
         """Stop admitting, compute what is queued without waiting for more, stop the loop.
 
         Requests still queued or computing after ``timeout_s`` are answered 503, so none is left
-        unanswered (a batch that finishes later answers nobody twice: :meth:`_Unit.reply`).
+        unanswered (a batch that finishes later answers nobody twice: :meth:`Unit.reply`).
         """
         self._admitting = False
         self._closing = True
@@ -230,7 +230,7 @@ class Batcher:
         options: ScoreOptions,
         timeout_s: float,
         answer: Answer,
-    ) -> _Unit:
+    ) -> Unit:
         """Queue ``x`` (n, Cin, H, W), a tensor or a numpy array, for ``predictor``; ``answer``
         gets its rows' packed score columns, or :class:`DeadlineExceeded` (504) if its deadline
         passes while it is queued.
@@ -252,7 +252,7 @@ class Batcher:
                 headers={"Retry-After": self._retry_after()},
             )
         loop = self._event_loop or asyncio.get_running_loop()
-        unit = _Unit(predictor, model, x, options, timeout_s, time.monotonic(), answer)
+        unit = Unit(predictor, model, x, options, timeout_s, time.monotonic(), answer)
         unit.timer = loop.call_later(timeout_s, self._expire, unit)
         self._pending.append(unit)
         self._rows += n
@@ -294,14 +294,14 @@ class Batcher:
             self.cancel(unit)
             raise
 
-    def cancel(self, unit: _Unit) -> None:
+    def cancel(self, unit: Unit) -> None:
         """Drop a request whose sender went away: never computed if still queued, never answered."""
         self._remove(unit)  # when still queued
         if unit.timer is not None:
             unit.timer.cancel()
         unit.answer = _ignore  # a batch already computing it answers nobody
 
-    def _expire(self, unit: _Unit) -> None:
+    def _expire(self, unit: Unit) -> None:
         """The deadline timer: a request still queued is dropped and answered 504; one already
         computing is answered when its batch finishes."""
         if unit.state is _State.QUEUED:
@@ -329,7 +329,7 @@ class Batcher:
             gauge = self._gauges[model] = self.metrics.queue_depth.labels(model=model)
         return gauge
 
-    def _remove(self, unit: _Unit) -> None:
+    def _remove(self, unit: Unit) -> None:
         """Take a queued request out of the queue (unanswered)."""
         if unit.state is _State.QUEUED:
             unit.state = _State.DROPPED
@@ -356,15 +356,15 @@ class Batcher:
             self._model_rows[model] = left
         self._queue_depth(model).set(max(left, 0))
 
-    def _take(self, predictor: ServedPredictor) -> list[_Unit]:
+    def _take(self, predictor: ServedPredictor) -> list[Unit]:
         """Remove and return up to ``max_batch_size`` rows of ``predictor``'s requests, in order.
 
         Other models' requests met on the way (during a swap) keep their places at the front.
         """
         now = time.monotonic()
-        batch: list[_Unit] = []
+        batch: list[Unit] = []
         rows = 0
-        others: list[_Unit] = []
+        others: list[Unit] = []
         pending = self._pending
         while pending and rows < self.max_batch_size:
             unit = pending.popleft()
@@ -458,7 +458,7 @@ class Batcher:
                 unit.reply(None, task.exception())
 
     @staticmethod
-    def _compute(batch: list[_Unit]) -> tuple[list[tuple[bool, Any]], list[ScoreColumns]]:
+    def _compute(batch: list[Unit]) -> tuple[list[tuple[bool, Any]], list[ScoreColumns]]:
         """Worker thread: one forward pass, then one scoring call per distinct option set.
 
         The predictor's output goes to scoring as it is when the batch has one option set (the
@@ -497,7 +497,7 @@ class Batcher:
             scored.append(columns)
         return results, scored
 
-    async def _run(self, batch: list[_Unit]) -> None:
+    async def _run(self, batch: list[Unit]) -> None:
         model = batch[0].model
         rows = sum(u.rows for u in batch)
         t0 = time.perf_counter()

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
     from models.serving import ScoreColumns
     from service.common.shm import Arena
-    from service.engine.batcher import _Unit
+    from service.engine.batcher import Unit
     from service.engine.drift import UncertaintyMonitor
     from service.engine.model_manager import LoadedModel
     from service.engine.predictor import ServedPredictor
@@ -337,7 +337,7 @@ class Engine:
         from service.common.shm import Arena
 
         outbox = Outbox(writer)
-        inflight: dict[int, _Unit] = {}  # request id -> its batcher unit, until answered
+        inflight: dict[int, Unit] = {}  # request id -> its batcher unit, until answered
         calls: set[asyncio.Task[None]] = set()
         arena: Arena | None = None
         try:
@@ -381,7 +381,7 @@ class Engine:
                 arena.close()
 
     def _infer(
-        self, outbox: Outbox, arena: Arena, inflight: dict[int, _Unit], request_id: int,
+        self, outbox: Outbox, arena: Arena, inflight: dict[int, Unit], request_id: int,
         req: InferRequest,
     ) -> None:  # fmt: skip
         """Queue one scoring request; its answer goes into ``outbox`` (a 4xx/5xx as data)."""
