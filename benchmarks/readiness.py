@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.serving import REPO, targets
+from benchmarks.serving import REPO, targets, tree_roles
 
 
 def _readyz(port: int) -> bytes:
@@ -56,15 +56,6 @@ def time_to_not_ready(repo: Path) -> float:
             target.stop()
 
 
-def _engine_pid(supervisor: int) -> int:
-    """The engine among the supervisor's children: the spawned one (/proc)."""
-    for child in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split():
-        cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-        if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
-            return int(child)
-    raise RuntimeError("no engine among the supervisor's children")
-
-
 def time_to_start_and_recover(repo: Path) -> tuple[float, float]:
     """Seconds to ``/readyz`` 200 from launch, and to a 200 ``/v1/predict`` after ``kill -9`` of
     the engine, for one start."""
@@ -85,7 +76,8 @@ def time_to_start_and_recover(repo: Path) -> tuple[float, float]:
             files = [("images", ("d.png", png, "image/png"))]
             assert httpx.post(url, files=files, timeout=30).status_code == 200
             killed = time.monotonic()
-            os.kill(_engine_pid(target.proc.pid), signal.SIGKILL)
+            (engine,) = [p for role, p in tree_roles(target.proc.pid) if role == "engine"]
+            os.kill(engine, signal.SIGKILL)
             while True:
                 try:
                     if httpx.post(url, files=files, timeout=30).status_code == 200:

@@ -11,6 +11,7 @@ the process that runs them, no import circle, no module importing another's priv
 from __future__ import annotations
 
 import ast
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,11 +188,13 @@ def _loaded(code: str, modules: tuple[str, ...]) -> list[str]:
     """Which of ``modules`` a fresh interpreter has loaded after running ``code``."""
     import subprocess
 
-    code += f"; import sys; print(sorted(m for m in {modules!r} if m in sys.modules))"
+    code += (
+        f"; import json, sys; print(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
-    return eval(out.stdout.strip())  # a list of str, printed just above
+    return json.loads(out.stdout)
 
 
 def test_start_up_imports_only_what_each_step_needs() -> None:
