@@ -456,8 +456,8 @@ class JobManager:
                 raise Conflict(f"job {job_id} is already {job['state']}; nothing to cancel")
             self.store.update(job_id, cancel_requested=1)
             if job["state"] is JobState.QUEUED:
+                self._remove_export(job_id)  # before the state: nothing of an ended job left
                 self.store.update(job_id, state=JobState.CANCELLED, finished_at=time.time())
-                self._remove_export(job_id)
             elif job_id in self._running:
                 r = self._running[job_id]
                 r.stop.set()
@@ -548,6 +548,9 @@ class JobManager:
         r.process.join(5)
         job = self.store.get(job_id)
         cancelled = job is not None and job["cancel_requested"]
+        # The run has read its images, whatever its outcome: removed before the outcome is
+        # recorded, so a client that sees the job ended never finds its export still there.
+        self._remove_export(job_id)
         now = time.time()
         stopped = result is not None and result.get("stopped")  # by cancel or shutdown
         if cancelled or (stopped and self._closed):
@@ -568,7 +571,6 @@ class JobManager:
                 job_id, state=JobState.FAILED, finished_at=now, metrics=last_metrics,
                 error=error or f"training process exited with code {r.process.exitcode}",
             )  # fmt: skip
-        self._remove_export(job_id)  # whatever the outcome: the run has read its images
         ended = self.store.get(job_id)
         log.info("job %s finished: %s", job_id, ended["state"] if ended else "gone")
         with self._lock:

@@ -374,6 +374,16 @@ class FrontendHttpProtocol(HttpToolsProtocol):
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
 
+    @property
+    def request_on_its_way(self) -> bool:
+        """Whether the client may be sending a request this server has not parsed yet: the
+        connection is new (not a byte yet) or a request head is part-way in. uvicorn's shutdown
+        closes such a connection as idle, and a request written to it meanwhile is reset, not
+        answered (:meth:`service.frontend.server.FrontendServer.shutdown` waits for these)."""
+        if self.lingering or self._refused:
+            return False
+        return self._received == 0 or (self._in_head and self._head_bytes > 0)
+
     def data_received(self, data: bytes) -> None:
         if self.lingering:
             return  # the rest of a body nobody will read

@@ -148,6 +148,58 @@ def test_front_end_killed_is_restarted_and_others_keep_serving(
     assert tree.metric("vge_process_restarts_total", role="frontend") == 1
 
 
+def test_a_request_written_late_on_a_connection_accepted_before_the_drain_ended_is_answered(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes]
+) -> None:
+    """A client that connected while the front end still accepted, and writes its request only
+    after the drain ended (a starved client process), gets an answer, not a reset: the stopping
+    front end waits for requests on their way (FrontendServer.shutdown, at most REQUEST_WAIT_S).
+    Fails with the fixed 0.2 s wait it replaced: the connection was closed as idle under the
+    request. A connection that never sends anything holds the exit at most that long."""
+    from service.frontend.server import REQUEST_WAIT_S
+
+    drain_s = 0.3
+    srv = start_server(tmp_path_factory.mktemp("late-request"), tiny_model, workers=1,
+                       drain_s=drain_s, shutdown_grace_s=5)  # fmt: skip
+    host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+    boundary = "vge-late-request"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="images"; filename="a.png"\r\n'
+            "Content-Type: image/png\r\n\r\n"
+        ).encode()
+        + pngs[0]
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    head = (
+        f"POST /v1/predict HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n"
+    ).encode()
+    late = socket.create_connection((host, int(port)), timeout=10)
+    silent = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        assert _ready(srv)  # both connections accepted by the front end meanwhile
+        srv.proc.send_signal(signal.SIGTERM)
+        sigterm_at = time.monotonic()
+        time.sleep(0.2 + drain_s + 0.7)  # the forwarding, the drain, and past the old 0.2 s
+        late.sendall(head + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = late.recv(65536)
+            assert chunk, f"connection closed without an answer after {answer!r}:\n{srv.log()}"
+            answer += chunk
+        status = answer.split(b" ", 2)[1]
+        assert status in (b"200", b"503"), answer
+        assert b"connection: close" in answer.lower(), answer
+        assert srv.proc.wait(30) == 0, srv.log()
+        # the silent connection held the exit, but no longer than the bound allows
+        assert time.monotonic() - sigterm_at < 0.5 + drain_s + REQUEST_WAIT_S + 3
+    finally:
+        late.close()
+        silent.close()
+        srv.stop()
+
+
 def test_sigterm_under_keep_alive_load_answers_every_request(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes]
 ) -> None:
