@@ -50,6 +50,18 @@ def test_mnist_digits_are_served_as_sent(digits) -> None:
     assert np.mean(same) >= 0.98
 
 
+def test_the_grayscale_fast_path_reads_as_the_general_path(digits) -> None:
+    """A one-channel 28×28 image is checked for MNIST's format on its own uint8 pixels; the same
+    digit sent as RGB goes through the luma conversion first. Both read it the same, for digits
+    served as sent and for digits moved off centre (which the general construction re-centres)."""
+    images, _ = digits
+    for im in images[:40]:
+        for pixels in (im, np.roll(im, 5, axis=1)):  # as sent; shifted off centre
+            gray = canonicalise(torch.from_numpy(pixels)[None])
+            rgb = canonicalise(torch.from_numpy(np.repeat(pixels[None], 3, axis=0)))
+            assert gray.finding == rgb.finding and torch.equal(gray.image, rgb.image)
+
+
 def test_a_digit_on_paper_becomes_the_mnist_digit(digits) -> None:
     """Dark ink on light paper, off centre on a larger canvas: the reading is white on black, its
     box 20 on the longer side, its centre of mass at the canvas's centre, and it looks like the
