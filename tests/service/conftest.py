@@ -7,6 +7,7 @@ split (a few seconds), so the tests never depend on the shipped default model.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,11 +39,97 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Forked:
+    """A ``vge serve`` supervisor forked by this worker's zygote (:mod:`tests.service.zygote`),
+    with the part of :class:`subprocess.Popen` the tests use: ``pid``, ``poll``, ``wait``,
+    ``send_signal``, ``kill`` and ``returncode`` (the zygote reaps it and says its status)."""
+
+    def __init__(self, zygote: _Zygote, pid: int) -> None:
+        self.zygote, self.pid = zygote, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.returncode = self.zygote.exit_code(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.zygote.exit_code(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"vge serve (pid {self.pid})", timeout or 0)
+        self.returncode = code
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Zygote:
+    """This worker's zygote process and the exit codes it reports (a reader thread)."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.service.zygote"], cwd=REPO, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
+        )  # fmt: skip
+        self.lock = threading.Condition()
+        self.pids: dict[int, int] = {}  # request number -> the pid forked for it
+        self.requests = itertools.count()
+        self.codes: dict[int, int] = {}
+        threading.Thread(target=self._read, daemon=True, name="zygote-reader").start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            with self.lock:
+                if "pid" in message:
+                    self.pids[message["request"]] = message["pid"]
+                else:
+                    self.codes[message["exit"]] = message["code"]
+                self.lock.notify_all()
+
+    def fork(self, argv: Sequence[str], env: dict[str, str], log: Path) -> Forked:
+        assert self.proc.stdin is not None and self.proc.poll() is None, "the zygote is gone"
+        with self.lock:  # servers may be started from several threads (the fleet's replicas)
+            number = next(self.requests)
+            request = {"request": number, "argv": list(argv), "env": env, "cwd": str(REPO),
+                       "log": str(log)}  # fmt: skip
+            self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+            self.proc.stdin.flush()
+            if not self.lock.wait_for(lambda: number in self.pids, 60):
+                raise RuntimeError("the zygote did not fork a server in 60 s")
+            return Forked(self, self.pids.pop(number))
+
+    def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        with self.lock:
+            self.lock.wait_for(lambda: pid in self.codes, timeout)
+            return self.codes.get(pid)
+
+
+_ZYGOTE: _Zygote | None = None
+
+
+def _zygote() -> _Zygote | None:
+    """This worker's zygote (started at its first server), or None with ``VGE_TEST_ZYGOTE=0``."""
+    global _ZYGOTE
+    if os.environ.get("VGE_TEST_ZYGOTE", "1") == "0":
+        return None
+    if _ZYGOTE is None or _ZYGOTE.proc.poll() is not None:
+        _ZYGOTE = _Zygote()
+    return _ZYGOTE
+
+
 @dataclass
 class Server:
-    """A running ``vge serve`` subprocess."""
+    """A running ``vge serve``: a subprocess, or a supervisor forked by the zygote."""
 
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | Forked
     url: str
     log_path: Path
 
@@ -83,9 +171,13 @@ class Server:
 
 
 def start_server(
-    workdir: Path, model_dir: Path | None, *, args: Sequence[str] = (), **settings: object
-) -> Server:
+    workdir: Path, model_dir: Path | None, *, args: Sequence[str] = (), fork: bool = True,
+    **settings: object,
+) -> Server:  # fmt: skip
     """Start ``vge serve [args]`` with ``settings`` (as VGE_* env vars) and wait until it is ready.
+
+    ``fork``: forked by this worker's zygote (:mod:`tests.service.zygote`: the server's imports
+    done once), unless ``VGE_TEST_ZYGOTE=0``; False: ``python -m service.cli.serve``.
 
     It listens on a port the kernel picks (``VGE_PORT=0``), read from its "listening on" line, so
     no other socket can take the port between choosing it and binding it.
@@ -117,13 +209,18 @@ def start_server(
     fd, name = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
     os.close(fd)
     log_path = Path(name)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli.serve", *args],
-        cwd=REPO,
-        env=env,
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    zygote = _zygote() if fork else None
+    proc: subprocess.Popen[bytes] | Forked
+    if zygote is not None:
+        proc = zygote.fork(args, env, log_path)
+    else:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli.serve", *args],
+            cwd=REPO,
+            env=env,
+            stdout=log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
     server = Server(proc, "", log_path)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
