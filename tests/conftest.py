@@ -59,5 +59,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The whole-tree tests (tests/service/system/: a real ``vge serve`` each, 10–75 s) run first,
     in their own order. pytest-xdist hands tests out in collection order, and collected last they
     left one worker running a minute-long test alone at the end of CI (13.5 min against ~10.5 with
-    them spread through the run)."""
-    items.sort(key=lambda item: 0 if "system" in item.path.parent.parts[-1:] else 1)
+    them spread through the run). The type check (tests/test_types.py, ~25 s of mypy) goes first
+    of all, for the same reason."""
+
+    def order(item: pytest.Item) -> int:
+        if item.path.name == "test_types.py":
+            return 0
+        return 1 if "system" in item.path.parent.parts[-1:] else 2
+
+    items.sort(key=order)
