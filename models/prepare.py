@@ -438,13 +438,14 @@ def canonicalise(image: torch.Tensor) -> Canonical:
         image = image.unsqueeze(0)
     if image.dim() != 3 or image.shape[-1] == 0 or image.shape[-2] == 0:
         raise ValueError(f"image must have shape (C, H, W); got {tuple(image.shape)}")
-    if image.shape == (1, SIDE, SIDE) and _already_mnist(image.numpy()[0]):
-        # A grayscale MNIST digit (what most clients of an MNIST model send): served as sent,
-        # without the float copy and the uint8 tensor built back from it (most of its cost).
-        return Canonical(image, Finding.ok)
-    gray = _gray(image)
+    # A grayscale image is checked on its own uint8 pixels: an MNIST digit (what most clients of
+    # an MNIST model send) is then served as sent, without a float copy and a tensor rebuilt.
+    one_channel = image.shape[0] == 1
+    gray = image.numpy()[0] if one_channel else _gray(image)
     if _already_mnist(gray):
-        return Canonical(torch.from_numpy(gray.astype(np.uint8))[None], Finding.ok)
+        return Canonical(image if one_channel else torch.from_numpy(gray.astype(np.uint8))[None],
+                         Finding.ok)  # fmt: skip
+    gray = gray.astype(np.float32, copy=False)  # _gray's float levels from here on
     ink = _ink(_shrink(gray))
     empty = torch.zeros((1, SIDE, SIDE), dtype=torch.uint8)
     if ink is None:  # nothing stands out: an empty page, or a picture that is all noise

@@ -110,13 +110,13 @@ class FrontendServer(uvicorn.Server):
         """
         for server in self.servers:
             server.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + REQUEST_WAIT_S
-        await asyncio.sleep(0.02)
-        while loop.time() < deadline and any(
-            getattr(c, "request_on_its_way", False) for c in self.server_state.connections
-        ):
+        deadline = time.monotonic() + REQUEST_WAIT_S
+        while True:
             await asyncio.sleep(0.02)
+            if time.monotonic() >= deadline or not any(
+                getattr(c, "request_on_its_way", False) for c in self.server_state.connections
+            ):
+                break
         await super().shutdown(sockets)
 
     async def on_tick(self, counter: int) -> bool:

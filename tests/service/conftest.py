@@ -171,13 +171,12 @@ class Server:
 
 
 def start_server(
-    workdir: Path, model_dir: Path | None, *, args: Sequence[str] = (), fork: bool = True,
-    **settings: object,
-) -> Server:  # fmt: skip
+    workdir: Path, model_dir: Path | None, *, args: Sequence[str] = (), **settings: object
+) -> Server:
     """Start ``vge serve [args]`` with ``settings`` (as VGE_* env vars) and wait until it is ready.
 
-    ``fork``: forked by this worker's zygote (:mod:`tests.service.zygote`: the server's imports
-    done once), unless ``VGE_TEST_ZYGOTE=0``; False: ``python -m service.cli.serve``.
+    Forked by this worker's zygote (:mod:`tests.service.zygote`: the server's imports done once),
+    or run as ``python -m service.cli.serve`` with ``VGE_TEST_ZYGOTE=0``.
 
     It listens on a port the kernel picks (``VGE_PORT=0``), read from its "listening on" line, so
     no other socket can take the port between choosing it and binding it.
@@ -209,7 +208,7 @@ def start_server(
     fd, name = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
     os.close(fd)
     log_path = Path(name)
-    zygote = _zygote() if fork else None
+    zygote = _zygote()
     proc: subprocess.Popen[bytes] | Forked
     if zygote is not None:
         proc = zygote.fork(args, env, log_path)
