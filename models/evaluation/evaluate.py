@@ -312,7 +312,7 @@ def run_evaluation(
         from models.evaluation.ood_suite import ood_suite_metrics, suite_members
 
         suite_images, suite, no_digit, suite_labels = suite_members(
-            lambda b: forward_all(predictor, b), lambda u: _read_all(predictor, u)
+            lambda b: forward_all(predictor, b), lambda _group, u: _read_all(predictor, u)
         )
         p_ood = torch.cat([suite[g][0] for g in FAR_GROUPS])
         q_ood = None if q is None else torch.cat([suite[g][1] for g in FAR_GROUPS])
