@@ -261,3 +261,17 @@ def test_held_out_digits_keep_their_accuracy() -> None:
     pred = Predictor.from_dir(default_model_dir(), device="cpu")
     rows = pred.predict([torch.from_numpy(im)[None] for im in images[:500]])
     assert np.mean([r["prediction"] for r in rows] == labels[:500]) >= 0.99
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_partition_median_is_numpys(dtype):
+    """``_median`` replaces ``float(np.median(a))`` in the reading: the same value to the bit,
+    odd and even sizes, ties, one element, 2-d input."""
+    from models.prepare import _median
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=n).astype(dtype) for n in (1, 2, 3, 10, 11, 784, 785)]
+    arrays += [rng.integers(0, 4, size=(28, 28)).astype(dtype), np.zeros(6, dtype)]
+    arrays += [rng.normal(size=(5, 7)).astype(dtype) * 1e6]
+    for a in arrays:
+        assert _median(a) == float(np.median(a)), a.shape
