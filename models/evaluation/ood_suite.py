@@ -111,8 +111,8 @@ def suite_members(
     """The suite's raw images, the model's members on them, which images held no digit and the
     labelled groups' true classes: ``(images, {group: (p, q)}, {group: no_digit}, {group:
     labels})`` (:func:`models.data_ood.ood_suite_labels`). ``prepare`` maps a group's name and
-    its uint8 ``(N, 1, 28, 28)`` images to model inputs and the bool ``no_digit`` of the served reading (None: not
-    read); ``forward`` inputs to ``(p, q)``."""
+    its uint8 ``(N, 1, 28, 28)`` images to model inputs and the bool ``no_digit`` of the served
+    reading (None: not read); ``forward`` inputs to ``(p, q)``."""
     images, labels = _suite_images(n_per_group, seed)
     members: dict[str, tuple[Tensor, Tensor | None]] = {}
     no_digit: dict[str, np.ndarray | None] = {}
