@@ -220,11 +220,13 @@ def card_ood_suite(
     q_id: Tensor | None,
     abstain_k: float,
     device: torch.device | str = "cpu",
+    n_per_group: int = SUITE_PER_GROUP,
 ) -> dict[str, Any] | None:
-    """:func:`ood_suite_metrics` of a freshly trained ``model`` (what the model card stores), its
-    inputs normalised with the dataset's ``mean``/``std`` as the served path does; ``None`` for
-    models that do not take 1-channel 28×28 images."""
-    if len(mean) != 1 or tuple(input_size) != (28, 28):
+    """:func:`ood_suite_metrics` of a freshly trained ``model`` (what the model card stores) on
+    ``n_per_group`` images of each group, its inputs normalised with the dataset's
+    ``mean``/``std`` as the served path does; ``None`` for models that do not take 1-channel
+    28×28 images, and for ``n_per_group`` 0 (``TrainConfig.ood_suite_per_group``)."""
+    if len(mean) != 1 or tuple(input_size) != (28, 28) or n_per_group == 0:
         return None
     was_training = model.training
     model.eval()
@@ -233,14 +235,14 @@ def card_ood_suite(
         out = model(x.to(device))
         return out.p.float().cpu(), None if out.q is None else out.q.float().cpu()
 
-    readings = _served_readings(SUITE_PER_GROUP, 0)  # as served: prepare=mnist
+    readings = _served_readings(n_per_group, 0)  # as served: prepare=mnist
 
     def prepare(group: str, _images: Tensor) -> tuple[Tensor, np.ndarray]:
         x, no_digit = readings[group]
         return (x.float() / 255.0 - mean[0]) / std[0], no_digit
 
     try:
-        _, members, no_digit, labels = suite_members(forward, prepare, SUITE_PER_GROUP, 0)
+        _, members, no_digit, labels = suite_members(forward, prepare, n_per_group, 0)
     finally:
         model.train(was_training)
     return ood_suite_metrics(p_id, q_id, members, abstain_k, no_digit, labels)

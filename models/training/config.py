@@ -174,6 +174,14 @@ class TrainConfig(ArchitectureSpec):
         "seed 0), never trained on, and used with the validation split to calibrate abstain_k; "
         "0 = calibrate on the validation split alone",
     )
+    ood_suite_per_group: int = Field(
+        500,
+        ge=0,
+        le=5000,
+        description="images per group of the OOD suite (docs/ood-suite.md) the model card is "
+        "evaluated on after training, read as the server reads an upload (~1 ms of CPU an "
+        "image: ~5 s at 500 for its 9 groups); 0 = no suite in the card",
+    )
     init_from: str | None = Field(
         None,
         description="a model directory whose weights start the run (fine-tuning): its "

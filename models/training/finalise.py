@@ -149,6 +149,7 @@ def finalise(
             q_test,
             calib["abstain_k"],
             rt.device,
+            n_per_group=config.ood_suite_per_group,
         )
         card = card.model_copy(
             update={

@@ -97,3 +97,33 @@ def test_max_prob_is_one_minus_the_served_means_top_class() -> None:
     # p̄ = [0.6, 0.25, 0.15], [0.15, 0.15, 0.7]; q̄ = [0.3, 0.55, 0.15], [0.3, 0.3, 0.4]
     assert max_prob_score(p).tolist() == pytest.approx([0.4, 0.3])
     assert max_prob_score(p, q).tolist() == pytest.approx([0.45, 0.6])  # VGN: served from q̄
+
+
+class _Members(torch.nn.Module):
+    """Three linear members over the pixels: ``(N, 1, 28, 28)`` -> ``.p`` ``(N, 3, 10)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(28 * 28, 3 * 10)
+
+    def forward(self, x: torch.Tensor):  # noqa: ANN201 (an object with .p and .q, as Ensemble's)
+        from types import SimpleNamespace
+
+        p = self.linear(x.flatten(1)).view(-1, 3, 10).softmax(-1)
+        return SimpleNamespace(p=p, q=None)
+
+
+def test_the_cards_suite_has_the_configured_size_and_none_for_zero() -> None:
+    """``TrainConfig.ood_suite_per_group`` reaches the card: that many images a group, 0 none;
+    the model is put back in training mode either way."""
+    from models.evaluation.ood_suite import card_ood_suite
+
+    torch.manual_seed(0)
+    model = _Members().train()
+    p_id = _members(40, 3, 10, True, 0)
+    card = card_ood_suite(model, (0.13,), (0.31,), (28, 28), p_id, None, 1.0, n_per_group=6)
+    assert card is not None and model.training
+    assert {g["n"] for g in card["groups"].values()} == {6}
+    assert card["all"]["n"] == 6 * len(card["groups"])
+    assert card_ood_suite(model, (0.13,), (0.31,), (28, 28), p_id, None, 1.0, n_per_group=0) is None
+    assert card_ood_suite(model, (0.5,) * 3, (0.2,) * 3, (28, 28), p_id, None, 1.0) is None

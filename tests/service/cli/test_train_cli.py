@@ -102,6 +102,7 @@ def test_every_flag_reaches_the_config() -> None:
         "outlier_overlays": (["0.2"], 0.2),
         "calibration_split": (["0.1"], 0.1),
         "augment_read": (["0.25"], 0.25),
+        "ood_suite_per_group": (["25"], 25),
         "init_from": (["models/x"], "models/x"),
     }
     default = TrainConfig()
