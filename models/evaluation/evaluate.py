@@ -203,22 +203,13 @@ def forward_all(predictor: Any, x: Tensor, batch_size: int = 256) -> tuple[Tenso
     return torch.cat(ps), (torch.cat(qs) if qs else None)
 
 
-def _read_all(predictor: Any, images: Tensor) -> tuple[Tensor, np.ndarray]:
-    """uint8 images ``(N, C, H, W)`` -> model inputs and which held no digit (bool ``(N,)``),
-    through ``Predictor.read`` under the model's own prepare (the served path, issue 32)."""
-    from models.data import normalise_uint8
-    from models.prepare import Finding
-
-    read = [predictor.read(img) for img in images]
-    x = normalise_uint8(
-        torch.stack([r.image for r in read]), predictor.card.mean, predictor.card.std
-    )
-    return x, np.array([r.finding != Finding.ok for r in read], dtype=bool)
-
-
 def _prepare_all(predictor: Any, images: Tensor) -> Tensor:
-    """uint8 images ``(N, C, H, W)`` -> model inputs, through ``Predictor.prepare`` (the served path)."""
-    return _read_all(predictor, images)[0]
+    """uint8 images ``(N, C, H, W)`` -> model inputs, through ``Predictor.read`` under the model's
+    own prepare (the served path, issue 32), then :func:`models.data.normalise_uint8`."""
+    from models.data import normalise_uint8
+
+    read = torch.stack([predictor.read(img).image for img in images])
+    return normalise_uint8(read, predictor.card.mean, predictor.card.std)
 
 
 #: Evaluation splits: the dataset's test and validation splits; for models trained on the bundled
@@ -308,20 +299,18 @@ def run_evaluation(
     size = tuple(_card_get(card, "input_size", default=tuple(x.shape[2:])))
     suite = None
     if channels == 1 and tuple(size) == (28, 28):  # the OOD suite is MNIST-shaped
+        from models.data import normalise_uint8
         from models.data_ood.suite import FAR_GROUPS
         from models.evaluation.ood_suite import ood_suite_metrics, suite_members
 
         suite_images, suite, no_digit, suite_labels = suite_members(
-            lambda b: forward_all(predictor, b), lambda _group, u: _read_all(predictor, u)
+            lambda b: forward_all(predictor, b),
+            lambda u: normalise_uint8(u, predictor.card.mean, predictor.card.std),
+            predictor.prepare_mode,
         )
         p_ood = torch.cat([suite[g][0] for g in FAR_GROUPS])
         q_ood = None if q is None else torch.cat([suite[g][1] for g in FAR_GROUPS])
-        ood_no_digit = np.concatenate(
-            [
-                np.zeros(suite[g][0].shape[0], bool) if no_digit[g] is None else no_digit[g]
-                for g in FAR_GROUPS
-            ]
-        )
+        ood_no_digit = np.concatenate([no_digit[g] for g in FAR_GROUPS])
         ood_source = (
             "the project's OOD suite, far groups pooled (" + ", ".join(FAR_GROUPS) + "; "
             "docs/ood-suite.md)"

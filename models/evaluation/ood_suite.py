@@ -24,9 +24,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from models.data import normalise_uint8
 from models.evaluation.ood import ood_metrics
 from models.evaluation.scores import UNCERTAINTY_SCORES, score_arrays
-from models.prepare import Finding, canonicalise
+from models.prepare import Finding, PrepareMode, prepare_image
 from models.uncertainty.scoring import score_members
 
 __all__ = [
@@ -79,16 +80,22 @@ def _suite_images(
     return images, labels
 
 
-@lru_cache(maxsize=2)
-def _served_readings(n_per_group: int, seed: int) -> dict[str, tuple[Tensor, np.ndarray]]:
-    """The suite's images as the server reads them (``prepare=mnist``,
-    :func:`models.prepare.canonicalise`): per group uint8 ``(N, 1, 28, 28)`` and which held no
-    digit. Read once per process: ~1 ms an image, 4.5 s for the suite, which every training
-    run's model card needs (a process that trains several models read it anew each time)."""
+@lru_cache(maxsize=4)
+def _suite_readings(
+    n_per_group: int, seed: int, prepare: PrepareMode
+) -> dict[str, tuple[Tensor, np.ndarray]]:
+    """The suite's images as the server reads them under ``prepare``
+    (:func:`models.prepare.prepare_image`): per group uint8 ``(N, 1, 28, 28)`` and which held no
+    digit (read-only). Read once per process: under ``mnist`` ~1 ms an image, 4.5 s for the
+    suite, which every training run's model card needs (a process that trains several models
+    read it anew each time)."""
     images, _ = _suite_images(n_per_group, seed)
     out = {}
     for group, imgs in images.items():
-        read = [canonicalise(torch.from_numpy(np.array(img))[None]) for img in imgs]
+        read = [
+            prepare_image(torch.from_numpy(np.array(img))[None], prepare, 1, (28, 28))
+            for img in imgs
+        ]
         x = torch.stack([r.image for r in read])  # (N, 1, 28, 28) uint8
         no_digit = np.array([r.finding != Finding.ok for r in read])
         no_digit.setflags(write=False)
@@ -98,26 +105,30 @@ def _served_readings(n_per_group: int, seed: int) -> dict[str, tuple[Tensor, np.
 
 def suite_members(
     forward: Callable[[Tensor], tuple[Tensor, Tensor | None]],
-    prepare: Callable[[str, Tensor], tuple[Tensor, np.ndarray | None]],
+    normalise: Callable[[Tensor], Tensor],
+    prepare: PrepareMode = "mnist",
     n_per_group: int = SUITE_PER_GROUP,
     seed: int = 0,
     batch_size: int = 512,
 ) -> tuple[
     dict[str, np.ndarray],
     dict[str, tuple[Tensor, Tensor | None]],
-    dict[str, np.ndarray | None],
+    dict[str, np.ndarray],
     dict[str, np.ndarray],
 ]:
     """The suite's raw images, the model's members on them, which images held no digit and the
     labelled groups' true classes: ``(images, {group: (p, q)}, {group: no_digit}, {group:
-    labels})`` (:func:`models.data_ood.ood_suite_labels`). ``prepare`` maps a group's name and
-    its uint8 ``(N, 1, 28, 28)`` images to model inputs and the bool ``no_digit`` of the served
-    reading (None: not read); ``forward`` inputs to ``(p, q)``."""
+    labels})`` (:func:`models.data_ood.ood_suite_labels`). The images are read as the server
+    reads an upload under ``prepare`` (once per process, :func:`_suite_readings`), ``normalise``
+    maps the uint8 readings ``(N, 1, 28, 28)`` to model inputs and ``forward`` inputs to
+    ``(p, q)``."""
     images, labels = _suite_images(n_per_group, seed)
+    readings = _suite_readings(n_per_group, seed, prepare)
     members: dict[str, tuple[Tensor, Tensor | None]] = {}
-    no_digit: dict[str, np.ndarray | None] = {}
-    for group, imgs in images.items():
-        x, no_digit[group] = prepare(group, torch.from_numpy(np.array(imgs)).unsqueeze(1))
+    no_digit: dict[str, np.ndarray] = {}
+    for group in images:
+        read, no_digit[group] = readings[group]
+        x = normalise(read)
         ps, qs = [], []
         for start in range(0, x.shape[0], batch_size):
             p, q = forward(x[start : start + batch_size])
@@ -235,14 +246,11 @@ def card_ood_suite(
         out = model(x.to(device))
         return out.p.float().cpu(), None if out.q is None else out.q.float().cpu()
 
-    readings = _served_readings(n_per_group, 0)  # as served: prepare=mnist
-
-    def prepare(group: str, _images: Tensor) -> tuple[Tensor, np.ndarray]:
-        x, no_digit = readings[group]
-        return (x.float() / 255.0 - mean[0]) / std[0], no_digit
+    def normalise(x: Tensor) -> Tensor:
+        return normalise_uint8(x, mean, std)
 
     try:
-        _, members, no_digit, labels = suite_members(forward, prepare, n_per_group, 0)
+        _, members, no_digit, labels = suite_members(forward, normalise, "mnist", n_per_group)
     finally:
         model.train(was_training)
     return ood_suite_metrics(p_id, q_id, members, abstain_k, no_digit, labels)
