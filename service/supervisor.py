@@ -3,7 +3,8 @@
 ::
 
     supervisor (this module: binds the port, starts, watches, restarts, drains)
-    ├── engine        spawned; model + batcher + forward + scoring + training jobs (engine.py)
+    ├── engine        spawned (forked with engine_start=fork on a CPU); model + batcher + forward
+    │                 + scoring + training jobs (engine.py)
     ├── front end 0   forked; uvicorn on its own SO_REUSEPORT listener; parse, decode, respond
     ├── ...           (frontend.py)
     └── front end N-1
@@ -15,7 +16,8 @@
   measured.) The supervisor keeps every listener open, so connections queued on one whose front
   end died wait for its replacement instead of being reset. Front ends are forked after torch,
   torchvision and the app are imported, so those pages are shared; the engine is spawned so CUDA
-  starts in a clean process.
+  starts in a clean process (``engine_start=fork``, CPU only: forked too, from what the
+  supervisor has imported).
 * Each front end gets a shared-memory arena (:mod:`service.common.shm`) created here, so a restarted
   front end finds its arena and the engine never maps a file that vanished.
 * Faults: a front end or the engine that dies (even ``kill -9``) is restarted. Requests caught in
@@ -90,7 +92,7 @@ class Supervisor:
         self.arenas: list[str] = []
         self.listeners: list[socket.socket] = []
         self.port = 0
-        self.engine: SpawnProcess | None = None
+        self.engine: SpawnProcess | ForkProcess | None = None
         self.engine_ready: ProcessEvent | None = None
         self.frontends: list[ForkProcess] = []
         self._stopping = False
@@ -146,8 +148,23 @@ class Supervisor:
             self.arenas.append(str(new_arena_file(self.arena_size, f"{os.getpid()}-{i}")))
 
     def start_engine(self) -> None:
+        """Start the engine: spawned (a fresh interpreter; CUDA needs one), or forked with
+        ``engine_start=fork`` on a CPU, from what this process has imported already."""
         from service.engine.engine import engine_main
 
+        if self.settings.engine_start == "fork":
+            # What a forked engine must not keep: the listeners (a copy held open would queue
+            # connections nobody answers after the drain closed them) and the wake-up socket.
+            inherited = tuple(s.fileno() for s in [*self.listeners, *(self._wake or ())])
+            self.engine_ready = self._fork.Event()
+            self.engine = self._start(
+                self._fork.Process(
+                    target=engine_main,
+                    args=(self.settings, self.engine_socket, self.engine_ready, inherited),
+                    name="vge-engine",
+                )
+            )
+            return
         self.engine_ready = self._spawn.Event()
         self.engine = self._spawn.Process(
             target=engine_main,
@@ -159,19 +176,25 @@ class Supervisor:
     def start_frontend(self, index: int) -> ForkProcess:
         from service.frontend.server import frontend_main
 
-        proc = self._fork.Process(
-            target=frontend_main,
-            args=(
-                self.settings,
-                self.listeners[index],
-                self.engine_socket,
-                self.arenas[index],
-                self.arena_size,
-            ),
-            name=f"vge-frontend-{index}",
+        return self._start(
+            self._fork.Process(
+                target=frontend_main,
+                args=(
+                    self.settings,
+                    self.listeners[index],
+                    self.engine_socket,
+                    self.arenas[index],
+                    self.arena_size,
+                ),
+                name=f"vge-frontend-{index}",
+            )
         )
-        # Signals wait until the child has dropped the handlers and wake-up socket it inherits
-        # (frontend_main): a SIGTERM in between would run the supervisor's handler in the child.
+
+    @staticmethod
+    def _start(proc: ForkProcess) -> ForkProcess:
+        """Fork ``proc`` with SIGTERM and SIGINT blocked: they wait until the child has dropped
+        the handlers and wake-up socket it inherits (:func:`service.common.process.
+        forget_parent_signals`); a signal in between would run the supervisor's handler in it."""
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         try:
             proc.start()

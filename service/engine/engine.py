@@ -7,7 +7,8 @@ forward) and ``Predictor.score_columns`` (the served decision on the device, one
 answers each request with its rows. It also owns what must exist once per server: model swaps
 (load-then-swap, broadcast to every front end) and training jobs (:class:`service.engine.jobs.JobManager`).
 
-Lifecycle: started by :mod:`service.supervisor` (spawned, so CUDA initialises in a clean process);
+Lifecycle: started by :mod:`service.supervisor` (spawned, so CUDA initialises in a clean process;
+forked with ``engine_start=fork`` on a CPU);
 sets ``ready`` once the model is loaded and the socket listens; on SIGTERM computes what it holds
 (``shutdown_grace_s`` at most), stops training jobs and exits 0. SIGINT is ignored: on Ctrl-C the
 supervisor drains the front ends first and then stops the engine.
@@ -513,14 +514,25 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def engine_main(settings: Settings, socket_path: str, ready: ProcessEvent | None = None) -> None:
-    """Process entry point (spawned by the supervisor)."""
-    from service.common.process import die_with_parent
+def engine_main(
+    settings: Settings,
+    socket_path: str,
+    ready: ProcessEvent | None = None,
+    inherited: tuple[int, ...] | None = None,
+) -> None:
+    """Process entry point: spawned by the supervisor, or forked (``engine_start=fork``) with
+    ``inherited``, the supervisor's descriptors it must close."""
+    from service.common.process import die_with_parent, forget_parent_signals, name_process
 
     die_with_parent()
+    name_process("vge-engine")
+    if inherited is not None:  # forked: the supervisor's signal handlers came along
+        forget_parent_signals(inherited)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the supervisor stops the engine last
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
+        force=True,  # forked, the supervisor's logging configuration came along
     )
     engine = Engine(settings)
     try:

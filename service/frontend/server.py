@@ -130,13 +130,11 @@ def frontend_main(
     settings: Settings, sock: socket.socket, engine_socket: str, arena_path: str, arena_size: int
 ) -> None:
     """Process entry point (forked by the supervisor)."""
-    from service.common.process import die_with_parent
+    from service.common.process import die_with_parent, forget_parent_signals, name_process
 
     die_with_parent()
-    signal.set_wakeup_fd(-1)  # the supervisor's handlers and wake-up socket came with the fork
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})  # (start_frontend)
+    name_process("vge-frontend")
+    forget_parent_signals()  # the supervisor's handlers and wake-up socket came with the fork
     import torch
 
     torch.set_num_threads(1)  # decoding parallelism comes from processes, not intra-op threads

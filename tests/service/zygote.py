@@ -6,8 +6,11 @@ imported by the supervisor so that its forked front ends share them. The suite s
 trees on a 2-core box. This process imports that stack once per pytest worker and forks a
 supervisor per :func:`tests.service.conftest.start_server`; what follows the fork is the real
 ``vge serve``: ``service.cli.serve.main(argv)`` with the test's environment, working directory
-and log file, the engine spawned afresh as in production (``multiprocessing`` spawn, from
-``service.cli.serve`` as the main module), the front ends forked from the supervisor.
+and log file, the front ends forked from the supervisor. The engine is forked too
+(``VGE_ENGINE_START=fork``, which :func:`tests.service.conftest.start_server` sets for the trees
+it forks here, unless a test asks for spawn): a spawned one would import torch afresh in every
+tree (~2 s). Spawning still works from here (``service.cli.serve`` is made the main module, as
+under ``python -m``), and the trees started as ``python -m service.cli.serve`` spawn it.
 
 Protocol (JSON lines): the test writes ``{"argv", "env", "cwd", "log"}`` on stdin and reads
 ``{"request", "pid": N}`` (the request's number, as given: servers start from several threads); when a supervisor exits, ``{"exit": N, "code": C}`` follows (``C`` as

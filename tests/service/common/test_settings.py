@@ -48,6 +48,8 @@ def test_max_batch_size_is_sized_for_the_device(monkeypatch: pytest.MonkeyPatch)
         ({"max_images": 100, "max_queue_length": 10}, "VGE_MAX_QUEUE_LENGTH"),
         ({"model_dir": "/no/such/dir"}, "VGE_MODEL_DIR"),
         ({"abstain_k": -1}, "greater than or equal"),
+        ({"engine_start": "fork"}, "needs device=cpu .*VGE_DEVICE=cpu or VGE_ENGINE_START=spawn"),
+        ({"engine_start": "fork", "device": "cuda"}, "CUDA must start in a clean process"),
     ],
 )
 def test_validation_messages_say_how_to_fix(kwargs: dict, words: str) -> None:

@@ -20,21 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import REPO, Server, start_server
-
-
-def _children(pid: int) -> dict[str, list[int]]:
-    """The supervisor's children by role, from /proc (engine: spawned; front ends: forked)."""
-    roles: dict[str, list[int]] = {"engine": [], "frontend": []}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-        except FileNotFoundError:
-            continue
-        if b"resource_tracker" in cmd:
-            continue
-        roles["engine" if b"spawn_main" in cmd else "frontend"].append(int(child))
-    return roles
+from tests.service.conftest import REPO, Server, children, engine_pid, start_server
 
 
 def _wait_until(cond, timeout: float, what: str) -> None:  # noqa: ANN001
@@ -68,8 +54,46 @@ def _predict(server: Server, png: bytes, **kw: object) -> httpx.Response:
 
 
 def test_tree_has_two_front_ends_and_one_engine(tree: Server) -> None:
-    roles = _children(tree.proc.pid)
+    roles = children(tree.proc.pid)
     assert len(roles["frontend"]) == 2 and len(roles["engine"]) == 1
+
+
+def _listening_sockets(pid: int, port: int) -> int:
+    """Listening TCP sockets on ``port`` among ``pid``'s descriptors (/proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                inodes.add(fields[9])
+    held = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            held += target.startswith("socket:[") and target[8:-1] in inodes
+    return held
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_the_engine_spawned_or_forked_serves_and_holds_no_listener(
+    tmp_path: Path, tiny_model: Path, pngs: list[bytes], start: str
+) -> None:
+    """``engine_start``: spawned, the engine is a fresh interpreter (multiprocessing's spawn
+    command line); forked, it is the supervisor's image. Either way it answers, names itself,
+    and holds none of the port's listeners (a forked one closes those it inherited, or
+    connections would queue on them after the drain closed them)."""
+    srv = start_server(tmp_path, tiny_model, engine_start=start)
+    try:
+        engine = engine_pid(srv)
+        assert engine is not None, children(srv.proc.pid)
+        cmd = Path(f"/proc/{engine}/cmdline").read_bytes()
+        assert (b"spawn_main" in cmd) == (start == "spawn"), cmd
+        assert _predict(srv, pngs[0]).status_code == 200
+        port = int(srv.url.rsplit(":", 1)[1])
+        assert _listening_sockets(srv.proc.pid, port) >= 1  # the supervisor keeps its listener
+        assert _listening_sockets(engine, port) == 0
+    finally:
+        assert srv.stop() == 0, srv.log()
 
 
 def test_metrics_describe_every_process(tree: Server, pngs: list[bytes]) -> None:
@@ -108,7 +132,7 @@ def test_engine_killed_requests_in_flight_get_503_then_it_is_back(
     for t in threads:
         t.start()
     _wait_until(lambda: tree.metric("vge_queue_depth") >= 4, 10, "requests queued in the engine")
-    engine = _children(tree.proc.pid)["engine"][0]
+    engine = children(tree.proc.pid)["engine"][0]
     t0 = time.monotonic()
     os.kill(engine, signal.SIGKILL)
     for t in threads:
@@ -122,7 +146,7 @@ def test_engine_killed_requests_in_flight_get_503_then_it_is_back(
     assert _predict(tree, pngs[0]).status_code == 503
     # every front end relinked (new connections are spread over both: ask several times)
     _wait_until(lambda: all(_ready(tree) for _ in range(8)), 60, "the engine to come back")
-    assert _children(tree.proc.pid)["engine"] != [engine]
+    assert children(tree.proc.pid)["engine"] != [engine]
     assert _predict(tree, pngs[0]).status_code == 200
     assert tree.metric("vge_process_restarts_total", role="engine") == 1
 
@@ -130,15 +154,15 @@ def test_engine_killed_requests_in_flight_get_503_then_it_is_back(
 def test_front_end_killed_is_restarted_and_others_keep_serving(
     tree: Server, pngs: list[bytes]
 ) -> None:
-    victim = _children(tree.proc.pid)["frontend"][0]
+    victim = children(tree.proc.pid)["frontend"][0]
     os.kill(victim, signal.SIGKILL)
     # answered meanwhile: by the other front end, or, if the kernel queues the connection on the
     # victim's listener (the supervisor keeps it open), by the victim's replacement
     assert _predict(tree, pngs[1]).status_code == 200
     _wait_until(
         lambda: (
-            len(_children(tree.proc.pid)["frontend"]) == 2
-            and victim not in _children(tree.proc.pid)["frontend"]
+            len(children(tree.proc.pid)["frontend"]) == 2
+            and victim not in children(tree.proc.pid)["frontend"]
         ),
         30,
         "the front end to be replaced",
@@ -279,7 +303,7 @@ def test_connections_spread_over_every_front_end(tree: Server, pngs: list[bytes]
         with ThreadPoolExecutor(32) as pool:
             codes = list(pool.map(lambda c: c.get("/healthz").status_code, clients))
         assert codes == [200] * 32
-        held = _connections_by_pid(port, _children(tree.proc.pid)["frontend"])
+        held = _connections_by_pid(port, children(tree.proc.pid)["frontend"])
     finally:
         for c in clients:
             c.close()
@@ -365,7 +389,7 @@ def test_a_replaced_front_end_clears_the_arrival_count_its_predecessor_left(
     would then hold every batch for the full delay); its replacement starts from zero."""
     from service.common.shm import shm_dir
 
-    old = _children(tree.proc.pid)["frontend"]
+    old = children(tree.proc.pid)["frontend"]
     for pid in old:
         os.kill(pid, signal.SIGSTOP)  # frozen mid-flight, then its arena says 3 requests arriving
     for path in shm_dir().glob(f"vge-{tree.proc.pid}-*.arena"):
@@ -375,7 +399,7 @@ def test_a_replaced_front_end_clears_the_arrival_count_its_predecessor_left(
     for pid in old:
         os.kill(pid, signal.SIGKILL)
     _wait_until(
-        lambda: len(set(_children(tree.proc.pid)["frontend"]) - set(old)) == 2,
+        lambda: len(set(children(tree.proc.pid)["frontend"]) - set(old)) == 2,
         30,
         "both front ends to be replaced",
     )
@@ -445,9 +469,9 @@ def test_a_front_end_that_keeps_failing_at_start_up_stops_the_server(
     killed: list[int] = []
 
     def kill_the_front_end() -> None:
-        _wait_until(lambda: any(p not in killed for p in _children(srv.proc.pid)["frontend"]),
+        _wait_until(lambda: any(p not in killed for p in children(srv.proc.pid)["frontend"]),
                     30, "a front end")  # fmt: skip
-        victim = next(p for p in _children(srv.proc.pid)["frontend"] if p not in killed)
+        victim = next(p for p in children(srv.proc.pid)["frontend"] if p not in killed)
         os.kill(victim, signal.SIGKILL)  # at once: it has not settled
         killed.append(victim)
 
@@ -455,7 +479,7 @@ def test_a_front_end_that_keeps_failing_at_start_up_stops_the_server(
     try:
         for _ in range(MAX_FRONTEND_FAILURES + 1):
             kill_the_front_end()
-        _wait_until(lambda: any(p not in killed for p in _children(srv.proc.pid)["frontend"]),
+        _wait_until(lambda: any(p not in killed for p in children(srv.proc.pid)["frontend"]),
                     30, "the front end killed six times to be restarted")  # fmt: skip
         assert srv.proc.poll() is None
         while thief is None:  # take the port between a front end's death and its replacement's

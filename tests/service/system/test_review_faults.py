@@ -27,7 +27,7 @@ from service.common.review_connection import ReviewStoreUnavailable
 from service.common.review_store import ReviewStore
 from service.frontend.review_queue import queue_answers
 from tests import postgres
-from tests.service.conftest import Server, start_server
+from tests.service.conftest import Server, children, start_server
 
 CLASSES = [str(i) for i in range(10)]
 PNG = b"\x89PNG\r\n\x1a\n" + b"pixels"
@@ -244,19 +244,6 @@ def stoppable_pg() -> Iterator[StoppablePostgres]:
 # ----------------------------------------------------------------------------- running servers
 
 
-def _children(pid: int) -> dict[str, list[int]]:
-    """The supervisor's children by role (engine: spawned; front ends: forked)."""
-    roles: dict[str, list[int]] = {"engine": [], "frontend": []}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-        except FileNotFoundError:
-            continue
-        if b"resource_tracker" not in cmd:
-            roles["engine" if b"spawn_main" in cmd else "frontend"].append(int(child))
-    return roles
-
-
 def _predict(srv: Server, png: bytes) -> dict[str, object]:
     r = httpx.post(srv.url + "/v1/predict", params={"review": "always"}, headers=R,
                    files=[("images", ("x.png", png, "image/png"))], timeout=30)  # fmt: skip
@@ -280,9 +267,9 @@ def test_a_garbage_sqlite_file_never_stops_the_server(
         _backup(path, tmp_path / "backup.sqlite3")
         (tmp_path / "garbage").write_bytes(b"garbage" * 1000)
         os.replace(tmp_path / "garbage", path)  # a bad restore, a disk error
-        old = _children(srv.proc.pid)["frontend"]
+        old = children(srv.proc.pid)["frontend"]
         os.kill(old[0], signal.SIGKILL)
-        _until(lambda: (new := _children(srv.proc.pid)["frontend"]) and new != old,
+        _until(lambda: (new := children(srv.proc.pid)["frontend"]) and new != old,
                "a new front end")  # fmt: skip
         _until(lambda: httpx.get(srv.url + "/readyz").status_code == 200, "readiness")
         assert srv.proc.poll() is None
