@@ -378,15 +378,20 @@ def pss_mb(pid: int) -> float:
 
 
 def tree_roles(pid: int) -> list[tuple[str, int]]:
-    """``vge serve``'s children as ``(role, pid)``: ``engine`` (spawned) or ``front end`` (forked),
-    in /proc's order; multiprocessing's resource tracker left out."""
+    """``vge serve``'s children as ``(role, pid)``: ``engine`` or ``front end``, in /proc's order,
+    by the names they give themselves (``vge-engine``, ``vge-frontend``), else (a build before
+    they did) by command line: the engine spawned, front ends forked; multiprocessing's resource
+    tracker left out."""
     out = []
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         try:
+            comm = Path(f"/proc/{child}/comm").read_text().strip()
             cmd = Path(f"/proc/{child}/cmdline").read_bytes()
         except FileNotFoundError:  # exited meanwhile
             continue
-        if b"resource_tracker" not in cmd:
+        if comm in ("vge-engine", "vge-frontend"):
+            out.append(("engine" if comm == "vge-engine" else "front end", int(child)))
+        elif b"resource_tracker" not in cmd:
             out.append(("engine" if b"spawn_main" in cmd else "front end", int(child)))
     return out
 
