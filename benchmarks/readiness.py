@@ -1,7 +1,7 @@
 """How long after SIGTERM ``vge serve`` stops calling itself ready; with ``--start``, how long it
 takes to start, and to answer again after its engine is killed.
 
-    python -m benchmarks.readiness [--repo PATH] [--starts 5] [--start]
+    python -m benchmarks.readiness [--repo PATH] [--starts 5] [--start [--engine-start fork]]
 
 Starts the server in ``--repo`` (default: this checkout; a ``git worktree`` of another revision
 compares builds) as the serving benchmark starts it (:func:`benchmarks.serving.targets`), with two
@@ -56,16 +56,17 @@ def time_to_not_ready(repo: Path) -> float:
             target.stop()
 
 
-def time_to_start_and_recover(repo: Path) -> tuple[float, float]:
+def time_to_start_and_recover(repo: Path, engine_start: str = "spawn") -> tuple[float, float]:
     """Seconds to ``/readyz`` 200 from launch, and to a 200 ``/v1/predict`` after ``kill -9`` of
-    the engine, for one start."""
+    the engine, for one start (the engine started as ``engine_start`` says: ``VGE_ENGINE_START``)."""
     import httpx
 
     from benchmarks.serving import _pngs
 
     png = _pngs(1)[0]
     with tempfile.TemporaryDirectory() as workdir:
-        (target,) = targets(["vge@WORKERS=1,DRAIN_S=0"], None, Path(workdir))
+        spec = "vge@WORKERS=1,DRAIN_S=0" + (",ENGINE_START=fork" if engine_start == "fork" else "")
+        (target,) = targets([spec], None, Path(workdir))
         target.cwd = repo
         launched = time.monotonic()
         target.start()  # returns once /readyz is 200
@@ -96,9 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--starts", type=int, default=5, help="server starts to time")
     parser.add_argument("--start", action="store_true",
                         help="time start-up and recovery from an engine kill instead")  # fmt: skip
+    parser.add_argument("--engine-start", choices=["spawn", "fork"], default="spawn",
+                        help="with --start: how the engine starts (VGE_ENGINE_START)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.start:
-        runs = [time_to_start_and_recover(args.repo) for _ in range(args.starts)]
+        runs = [time_to_start_and_recover(args.repo, args.engine_start) for _ in range(args.starts)]
         for what, values in (("to ready", [r[0] for r in runs]),
                              ("engine kill to answering", [r[1] for r in runs])):  # fmt: skip
             print(f"{args.repo}: {what}, s: {', '.join(f'{x:.2f}' for x in values)}; "
