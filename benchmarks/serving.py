@@ -377,11 +377,15 @@ def pss_mb(pid: int) -> float:
     return total / 1024
 
 
-def tree_roles(pid: int) -> list[tuple[str, int]]:
+def tree_roles(pid: int, by_command_line: bool = True) -> list[tuple[str, int]]:
     """``vge serve``'s children as ``(role, pid)``: ``engine`` or ``front end``, in /proc's order,
-    by the names they give themselves (``vge-engine``, ``vge-frontend``), else (a build before
-    they did) by command line: the engine spawned, front ends forked; multiprocessing's resource
-    tracker left out."""
+    by the names they give themselves (:data:`service.common.process.ENGINE_NAME`,
+    :data:`~service.common.process.FRONTEND_NAME`). A child without one is, with
+    ``by_command_line`` (a build before the names, as ``--repo`` may serve), told by its command
+    line (the engine spawned, front ends forked; multiprocessing's resource tracker left out),
+    else left out (this build's child between its start and naming itself)."""
+    from service.common.process import ENGINE_NAME, FRONTEND_NAME
+
     out = []
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         try:
@@ -389,9 +393,9 @@ def tree_roles(pid: int) -> list[tuple[str, int]]:
             cmd = Path(f"/proc/{child}/cmdline").read_bytes()
         except FileNotFoundError:  # exited meanwhile
             continue
-        if comm in ("vge-engine", "vge-frontend"):
-            out.append(("engine" if comm == "vge-engine" else "front end", int(child)))
-        elif b"resource_tracker" not in cmd:
+        if comm in (ENGINE_NAME, FRONTEND_NAME):
+            out.append(("engine" if comm == ENGINE_NAME else "front end", int(child)))
+        elif by_command_line and b"resource_tracker" not in cmd:
             out.append(("engine" if b"spawn_main" in cmd else "front end", int(child)))
     return out
 

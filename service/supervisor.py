@@ -45,20 +45,23 @@ import sys
 import tempfile
 import time
 from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from service.backlog import answer_queued
 from service.common.settings import Settings
 
 if TYPE_CHECKING:
-    from multiprocessing.context import ForkProcess, SpawnProcess
+    from multiprocessing.context import ForkContext, ForkProcess, SpawnContext, SpawnProcess
     from multiprocessing.synchronize import Event as ProcessEvent
     from types import FrameType
 
     from service.common.metrics import Metrics
 
 log = logging.getLogger("vge.supervisor")
+
+_Child = TypeVar("_Child", bound=BaseProcess)  # a spawned or forked child, started by _start
 
 #: An engine that dies this many times in a row without becoming ready stops the server.
 MAX_ENGINE_FAILURES = 3
@@ -152,26 +155,21 @@ class Supervisor:
         ``engine_start=fork`` on a CPU, from what this process has imported already."""
         from service.engine.engine import engine_main
 
+        ctx: SpawnContext | ForkContext = self._spawn
+        inherited: tuple[int, ...] = ()  # a spawned child gets no descriptor it was not given
         if self.settings.engine_start == "fork":
             # What a forked engine must not keep: the listeners (a copy held open would queue
             # connections nobody answers after the drain closed them) and the wake-up socket.
+            ctx = self._fork
             inherited = tuple(s.fileno() for s in [*self.listeners, *(self._wake or ())])
-            self.engine_ready = self._fork.Event()
-            self.engine = self._start(
-                self._fork.Process(
-                    target=engine_main,
-                    args=(self.settings, self.engine_socket, self.engine_ready, inherited),
-                    name="vge-engine",
-                )
+        self.engine_ready = ctx.Event()
+        self.engine = self._start(
+            ctx.Process(
+                target=engine_main,
+                args=(self.settings, self.engine_socket, self.engine_ready, inherited),
+                name="vge-engine",
             )
-            return
-        self.engine_ready = self._spawn.Event()
-        self.engine = self._spawn.Process(
-            target=engine_main,
-            args=(self.settings, self.engine_socket, self.engine_ready),
-            name="vge-engine",
         )
-        self.engine.start()
 
     def start_frontend(self, index: int) -> ForkProcess:
         from service.frontend.server import frontend_main
@@ -191,9 +189,9 @@ class Supervisor:
         )
 
     @staticmethod
-    def _start(proc: ForkProcess) -> ForkProcess:
-        """Fork ``proc`` with SIGTERM and SIGINT blocked: they wait until the child has dropped
-        the handlers and wake-up socket it inherits (:func:`service.common.process.
+    def _start(proc: _Child) -> _Child:
+        """Start ``proc`` with SIGTERM and SIGINT blocked: they wait until the child has dropped
+        the handlers and wake-up socket a fork brings along (:func:`service.common.process.
         forget_parent_signals`); a signal in between would run the supervisor's handler in it."""
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         try:

@@ -28,10 +28,15 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+#: The names the supervisor's children give themselves (:func:`name_process`), by role.
+ENGINE_NAME = "vge-engine"
+FRONTEND_NAME = "vge-frontend"
+
+
 def name_process(name: str) -> None:
     """Set this process's name as ``ps``, ``top`` and ``/proc/PID/comm`` show it (Linux
-    ``PR_SET_NAME``, 15 bytes at most): ``vge-engine`` and ``vge-frontend`` tell the roles apart
-    whether the engine was spawned or forked. Elsewhere a no-op."""
+    ``PR_SET_NAME``, 15 bytes at most): :data:`ENGINE_NAME` and :data:`FRONTEND_NAME` tell the
+    roles apart whether the engine was spawned or forked. Elsewhere a no-op."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
@@ -45,10 +50,11 @@ def name_process(name: str) -> None:
 
 
 def forget_parent_signals(inherited: tuple[int, ...] = ()) -> None:
-    """In a child forked by the supervisor: drop the supervisor's signal handlers and wake-up
-    socket (they came with the fork), close the descriptors it names (its listeners and wake-up
-    socket, which a child must not keep open), then take the signals the supervisor blocked
-    around the fork (:meth:`service.supervisor.Supervisor.fork_child`)."""
+    """In a child the supervisor started: drop the supervisor's signal handlers and wake-up
+    socket (a fork brings them along), close the descriptors it names (its listeners and wake-up
+    socket, which a forked engine must not keep open), then take the signals the supervisor
+    blocked around the start (:meth:`service.supervisor.Supervisor._start`; a spawned child
+    inherits that mask too)."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)

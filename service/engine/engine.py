@@ -518,17 +518,20 @@ def engine_main(
     settings: Settings,
     socket_path: str,
     ready: ProcessEvent | None = None,
-    inherited: tuple[int, ...] | None = None,
+    inherited: tuple[int, ...] = (),
 ) -> None:
     """Process entry point: spawned by the supervisor, or forked (``engine_start=fork``) with
     ``inherited``, the supervisor's descriptors it must close."""
-    from service.common.process import die_with_parent, forget_parent_signals, name_process
+    from service.common.process import (
+        ENGINE_NAME,
+        die_with_parent,
+        forget_parent_signals,
+        name_process,
+    )
 
     die_with_parent()
-    name_process("vge-engine")
-    if inherited is not None:  # forked: the supervisor's signal handlers came along
-        forget_parent_signals(inherited)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the supervisor stops the engine last
+    name_process(ENGINE_NAME)
+    forget_parent_signals(inherited)
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",

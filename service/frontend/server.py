@@ -130,10 +130,15 @@ def frontend_main(
     settings: Settings, sock: socket.socket, engine_socket: str, arena_path: str, arena_size: int
 ) -> None:
     """Process entry point (forked by the supervisor)."""
-    from service.common.process import die_with_parent, forget_parent_signals, name_process
+    from service.common.process import (
+        FRONTEND_NAME,
+        die_with_parent,
+        forget_parent_signals,
+        name_process,
+    )
 
     die_with_parent()
-    name_process("vge-frontend")
+    name_process(FRONTEND_NAME)
     forget_parent_signals()  # the supervisor's handlers and wake-up socket came with the fork
     import torch
 

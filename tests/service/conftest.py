@@ -340,17 +340,13 @@ def approx_result(got: dict[str, object], want: dict[str, object]) -> None:
 
 
 def children(pid: int) -> dict[str, list[int]]:
-    """A supervisor's children by role, from /proc: each names itself (``vge-engine``,
-    ``vge-frontend``: :func:`service.common.process.name_process`), spawned or forked alike;
-    multiprocessing's resource tracker is neither."""
+    """A supervisor's children by role (``engine``, ``frontend``), by the names they give
+    themselves, spawned or forked alike (:func:`benchmarks.serving.tree_roles`)."""
+    from benchmarks.serving import tree_roles
+
     roles: dict[str, list[int]] = {"engine": [], "frontend": []}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            comm = Path(f"/proc/{child}/comm").read_text().strip()
-        except FileNotFoundError:
-            continue
-        if comm in ("vge-engine", "vge-frontend"):
-            roles[comm.removeprefix("vge-")].append(int(child))
+    for role, child in tree_roles(pid, by_command_line=False):
+        roles["engine" if role == "engine" else "frontend"].append(child)
     return roles
 
 

@@ -22,6 +22,8 @@ import pytest
 
 from tests.service.conftest import REPO, Server, children, engine_pid, start_server
 
+ESTABLISHED, LISTEN = "01", "0A"  # TCP states as /proc/net/tcp writes them
+
 
 def _wait_until(cond, timeout: float, what: str) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
@@ -58,22 +60,6 @@ def test_tree_has_two_front_ends_and_one_engine(tree: Server) -> None:
     assert len(roles["frontend"]) == 2 and len(roles["engine"]) == 1
 
 
-def _listening_sockets(pid: int, port: int) -> int:
-    """Listening TCP sockets on ``port`` among ``pid``'s descriptors (/proc)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
-                inodes.add(fields[9])
-    held = 0
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            held += target.startswith("socket:[") and target[8:-1] in inodes
-    return held
-
-
 @pytest.mark.parametrize("start", ["spawn", "fork"])
 def test_the_engine_spawned_or_forked_serves_and_holds_no_listener(
     tmp_path: Path, tiny_model: Path, pngs: list[bytes], start: str
@@ -90,8 +76,8 @@ def test_the_engine_spawned_or_forked_serves_and_holds_no_listener(
         assert (b"spawn_main" in cmd) == (start == "spawn"), cmd
         assert _predict(srv, pngs[0]).status_code == 200
         port = int(srv.url.rsplit(":", 1)[1])
-        assert _listening_sockets(srv.proc.pid, port) >= 1  # the supervisor keeps its listener
-        assert _listening_sockets(engine, port) == 0
+        held = _connections_by_pid(port, [srv.proc.pid, engine], LISTEN)
+        assert held[srv.proc.pid] >= 1 and held[engine] == 0, held  # the supervisor keeps its own
     finally:
         assert srv.stop() == 0, srv.log()
 
@@ -275,13 +261,14 @@ def test_sigterm_under_keep_alive_load_answers_every_request(
     assert late and all(late)
 
 
-def _connections_by_pid(port: int, pids: list[int]) -> dict[int, int]:
-    """Established TCP connections on the server's ``port`` held by each of ``pids`` (/proc)."""
+def _connections_by_pid(port: int, pids: list[int], state: str = ESTABLISHED) -> dict[int, int]:
+    """TCP sockets on the server's ``port`` in ``state`` (established connections by default)
+    held by each of ``pids`` (/proc)."""
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
                 inodes.add(fields[9])
     out = {}
     for pid in pids:
