@@ -61,6 +61,7 @@ from service.common.wire import (
 )
 
 if TYPE_CHECKING:
+    import threading
     from multiprocessing.synchronize import Event as ProcessEvent
 
     from models.serving import ScoreColumns
@@ -113,17 +114,28 @@ class Engine:
         self._monitors: dict[int, UncertaintyMonitor] = {}  # by model generation
 
     # ------------------------------------------------------------------ lifecycle
-    async def run(self, socket_path: str, ready: ProcessEvent | None = None) -> None:
-        """Load the model, listen on ``socket_path``, serve until SIGTERM, then drain."""
+    async def run(
+        self,
+        socket_path: str,
+        ready: ProcessEvent | threading.Event | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        """Load the model, listen on ``socket_path``, serve until ``stop`` is set, then drain.
+
+        Without ``stop`` (the engine process: :func:`engine_main`) SIGTERM sets it and SIGINT is
+        ignored (the supervisor stops the engine last). An engine embedded in another process's
+        thread (the tests' in-process server) passes its own event, set from that thread's loop:
+        signal handlers belong to a process's main thread."""
         import torch
 
         threads = self.settings.resolved_torch_threads()
         if threads:
             torch.set_num_threads(threads)
         loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if stop is None:
+            stop = asyncio.Event()
+            loop.add_signal_handler(signal.SIGTERM, stop.set)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
         # The first engine start of this `vge serve` run (not a restart by the supervisor) is the
         # one where an explicit --model-dir wins over the model history: a marker in the run's

@@ -126,6 +126,27 @@ class FrontendServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def frontend_server(
+    settings: Settings, engine: EngineClient, *, configure_logging: bool = True
+) -> FrontendServer:
+    """A front end's server: the app of ``settings`` talking to ``engine``, behind
+    :func:`asgi_app`, on uvicorn with the service's protocol; ``run(sockets=[...])`` serves it.
+    ``configure_logging=False`` leaves the process's logging configuration alone (a front end
+    embedded in another process: the tests' in-process server)."""
+    app = create_app(settings, engine)
+    config = uvicorn.Config(
+        asgi_app(app),
+        loop=LOOP,
+        http=http_protocol(settings),
+        log_level=settings.log_level,
+        log_config=uvicorn.config.LOGGING_CONFIG if configure_logging else None,
+        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)),
+        access_log=False,
+        lifespan="on",
+    )
+    return FrontendServer(config, app.state.service)
+
+
 def frontend_main(
     settings: Settings, sock: socket.socket, engine_socket: str, arena_path: str, arena_size: int
 ) -> None:
@@ -147,18 +168,7 @@ def frontend_main(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s[frontend]: %(message)s",
     )
-    engine = EngineClient(engine_socket, Arena(arena_path, arena_size))
-    app = create_app(settings, engine)
-    config = uvicorn.Config(
-        asgi_app(app),
-        loop=LOOP,
-        http=http_protocol(settings),
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=max(1, int(settings.shutdown_grace_s)),
-        access_log=False,
-        lifespan="on",
-    )
-    server = FrontendServer(config, app.state.service)
+    server = frontend_server(settings, EngineClient(engine_socket, Arena(arena_path, arena_size)))
     server.run(sockets=[sock])
     if not server.started:  # start-up failed (uvicorn logged why): an error status, so the
         raise SystemExit(3)  # supervisor tells a failing front end from a killed one

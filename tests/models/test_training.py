@@ -19,6 +19,7 @@ from models.checkpoint import load_checkpoint
 from models.data import load_dataset, random_affine
 from models.ensembles import EnsembleOutput
 from models.training import TrainConfig, collect_predictions, load_config, mixture_nll, train
+from tests.cli import run_vge
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,11 +266,11 @@ def _vge(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 def test_cli_bad_config_exits_2_with_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("ensemble: mcd\nvgn: true\n")
-    r = _vge("train", "--config", str(bad), "--out", str(tmp_path / "o"))
+    r = _vge("train", "--config", str(bad), "--out", str(tmp_path / "o"))  # the real command
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "vgn" in lines[0] and "Traceback" not in r.stderr
-    r = _vge("train", "--out", str(tmp_path / "o"), "--members", "0")
+    r = run_vge("train", "--out", str(tmp_path / "o"), "--members", "0")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
 
@@ -289,7 +290,7 @@ def test_cli_mistakes_found_before_or_during_training_exit_2(tmp_path):
         (["--out", str(tmp_path / "o"), "--dataset", f"imagefolder:{tmp_path / 'empty'}"],
          "class"),
     ):  # fmt: skip
-        r = _vge("train", "--epochs", "1", "--max-train-samples", "64", *args)
+        r = run_vge("train", "--epochs", "1", "--max-train-samples", "64", *args)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr
 
@@ -394,7 +395,7 @@ def test_bounds_are_422_lines_naming_the_bound(tmp_path):
     ):  # fmt: skip
         with pytest.raises(ValueError, match=re.escape(words)):
             load_config(None, fields).check_architecture()
-    r = _vge("train", "--out", str(tmp_path / "o"), "--epochs", "100000")
+    r = run_vge("train", "--out", str(tmp_path / "o"), "--epochs", "100000")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "less than or equal to 1000" in lines[0]
 
@@ -435,6 +436,6 @@ def test_fine_tune_from_a_model_and_served_config(tiny_run, tmp_path):
     ):
         with pytest.raises(ValueError, match=re.escape(words)):
             check_init(TrainConfig(**{**recipe, **fields, "init_from": str(src)}))
-    r = _vge("train", "--out", str(tmp_path / "o"), "--init-from", str(tmp_path / "nothing"))
+    r = run_vge("train", "--out", str(tmp_path / "o"), "--init-from", str(tmp_path / "nothing"))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "model card not found" in lines[0], r.stderr

@@ -29,6 +29,8 @@ import pytest
 import torch
 from torchvision.io import encode_png
 
+from tests.service.inprocess import InProcessServer
+
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-0123456789"
 
@@ -170,6 +172,40 @@ class Server:
         return self.proc.returncode
 
 
+def server_settings(workdir: Path, model_dir: Path | None) -> dict[str, object]:
+    """The settings every test server starts with (a tree's or an in-process one's)."""
+    return {
+        "host": "127.0.0.1",
+        "port": 0,
+        "device": "cpu",
+        "jobs_db_url": f"sqlite:///{workdir / 'jobs.sqlite3'}",
+        "jobs_dir": workdir / "jobs",
+        "models_root": workdir / "models",
+        "data_root": workdir / "data",
+        "review_dir": workdir / "reviews",
+        "torch_threads": 1,
+        "decode_workers": 2,
+        "log_level": "warning",
+        # Stopping a server waits out VGE_DRAIN_S (5 s by default, for load balancers) with
+        # no balancer to wait for: 0 unless a test of the drain sets its own.
+        "drain_s": 0,
+        "model_dir": model_dir,
+    }
+
+
+def start_in_process(workdir: Path, model_dir: Path | None, **settings: object) -> InProcessServer:
+    """An in-process server (:mod:`tests.service.inprocess`) with :func:`start_server`'s
+    defaults and ``settings``, ready: for tests of what requests do, not of processes."""
+    from service.common.settings import Settings
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    values = {**server_settings(workdir, model_dir), **settings}
+    fd, name = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
+    os.close(fd)
+    config = Settings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
+    return InProcessServer(config, Path(name)).start()
+
+
 def start_server(
     workdir: Path, model_dir: Path | None, *, args: Sequence[str] = (), **settings: object
 ) -> Server:
@@ -182,28 +218,9 @@ def start_server(
     no other socket can take the port between choosing it and binding it.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
-    env.update(
-        {
-            "VGE_HOST": "127.0.0.1",
-            "VGE_PORT": "0",
-            "VGE_DEVICE": "cpu",
-            "VGE_JOBS_DB_URL": f"sqlite:///{workdir / 'jobs.sqlite3'}",
-            "VGE_JOBS_DIR": str(workdir / "jobs"),
-            "VGE_MODELS_ROOT": str(workdir / "models"),
-            "VGE_DATA_ROOT": str(workdir / "data"),
-            "VGE_REVIEW_DIR": str(workdir / "reviews"),
-            "VGE_TORCH_THREADS": "1",
-            "VGE_DECODE_WORKERS": "2",
-            "VGE_LOG_LEVEL": "warning",
-            # Stopping a server waits out VGE_DRAIN_S (5 s by default, for load balancers) with
-            # no balancer to wait for: 0 unless a test of the drain sets its own.
-            "VGE_DRAIN_S": "0",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    if model_dir is not None:
-        env["VGE_MODEL_DIR"] = str(model_dir)
-    env.update({f"VGE_{k.upper()}": str(v) for k, v in settings.items()})
+    env["PYTHONUNBUFFERED"] = "1"
+    values = {**server_settings(workdir, model_dir), **settings}
+    env.update({f"VGE_{k.upper()}": str(v) for k, v in values.items() if v is not None})
     workdir.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
     os.close(fd)

@@ -1,4 +1,5 @@
-"""`vge score` end to end, as a real subprocess, including its error paths."""
+"""`vge score` end to end, including its error paths: as a real subprocess where the process
+matters (the first test, a reader that goes away), in this process elsewhere (:mod:`tests.cli`)."""
 
 import json
 import subprocess
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from models.uncertainty import score_ensemble
+from tests.cli import run_vge
 
 KEYS = [
     "prediction",
@@ -28,6 +30,7 @@ A3_Q0 = [[0.9, 0.1, 0.0], [0.6, 0.3, 0.1], [0.6, 0.2, 0.2]]
 
 
 def vge(*args: str) -> subprocess.CompletedProcess[str]:
+    """The real command, as a subprocess."""
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args], capture_output=True, text=True, timeout=120
     )
@@ -52,7 +55,7 @@ def test_npz_and_vgmu_on_q_match_the_library(tmp_path: Path) -> None:
     probs = np.array([A3_Q0], dtype=np.float64)
     path = tmp_path / "probs.npz"
     np.savez(path, probs=probs)
-    done = vge("score", str(path), "--gate-k", "1", "--vgmu-on", "q")
+    done = run_vge("score", str(path), "--gate-k", "1", "--vgmu-on", "q")
     assert done.returncode == 0, done.stderr
     import torch
 
@@ -95,7 +98,7 @@ def test_bad_input_is_one_line_and_exit_2(
 ) -> None:
     path = tmp_path / "bad.npy"
     make(path)
-    done = vge("score", str(path), *args)
+    done = run_vge("score", str(path), *args)
     assert done.returncode == 2
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -105,7 +108,7 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_npz_without_probs_key(tmp_path: Path) -> None:
     path = tmp_path / "x.npz"
     np.savez(path, other=np.ones(3))
-    done = vge("score", str(path))
+    done = run_vge("score", str(path))
     assert done.returncode == 2 and "no array named 'probs'" in done.stderr
 
 

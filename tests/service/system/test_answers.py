@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,8 @@ import pytest
 import tritonclient.http as tritonclient_http
 from tritonclient.utils import InferenceServerException
 
-from tests.service.conftest import Server, start_server
+from tests.service.conftest import Server, start_in_process
+from tests.service.inprocess import InProcessServer
 
 ROOT = Path(__file__).parents[3]
 ZOO = ROOT / "models" / "zoo"
@@ -46,7 +48,7 @@ def test_first_listed_probability_is_the_prediction(server: Server, pngs: list[b
 
 
 @pytest.fixture(scope="module")
-def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Server:
+def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
     """A model without a variance gate (LLE, M = 3): answers come from p."""
     from models.training import TrainConfig, train
 
@@ -56,13 +58,13 @@ def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Server:
                     vgn=False, batch_size=64, device="cpu"),
         work / "plain",
     )  # fmt: skip
-    srv = start_server(work, Path(model), workers=1)
+    srv = start_in_process(work, Path(model))
     yield srv
     srv.stop()
 
 
 def test_vgmu_on_q_without_a_gate_is_422_everywhere(
-    plain_server: Server, pngs: list[bytes]
+    plain_server: InProcessServer, pngs: list[bytes]
 ) -> None:
     with plain_server.client() as c:
         r = c.post("/v1/predict", params={"vgmu_on": "q"}, files=[("images", ("a.png", pngs[0]))])
@@ -94,14 +96,14 @@ def test_calibrated_abstain_k_is_always_accepted(server: Server, pngs: list[byte
 
 
 @pytest.fixture(scope="module")
-def zoo_server(tmp_path_factory: pytest.TempPathFactory) -> Server:
+def zoo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessServer]:
     """The shipped default model (cnn4, LLE-VGN), the one ``vge serve`` answers with."""
-    srv = start_server(tmp_path_factory.mktemp("zoo"), ZOO / "cnn4-lle-vgn-mnist", workers=1)
+    srv = start_in_process(tmp_path_factory.mktemp("zoo"), ZOO / "cnn4-lle-vgn-mnist")
     yield srv
     srv.stop()
 
 
-def test_fp32_input_that_overflows_the_model_is_a_422_not_nan(zoo_server: Server) -> None:
+def test_fp32_input_that_overflows_the_model_is_a_422_not_nan(zoo_server: InProcessServer) -> None:
     """Finite FP32 input far outside the normalised range overflows cnn4's forward pass: the
     scores were NaN, sent as bare NaN tokens (invalid JSON) with a prediction and an abstain."""
     body = {"inputs": [{"name": "input", "shape": [1, 1, 28, 28], "datatype": "FP32",
@@ -114,7 +116,7 @@ def test_fp32_input_that_overflows_the_model_is_a_422_not_nan(zoo_server: Server
     assert r.status_code == 200, r.text
 
 
-def test_a_cmyk_jpeg_is_answered_like_its_png(zoo_server: Server) -> None:
+def test_a_cmyk_jpeg_is_answered_like_its_png(zoo_server: InProcessServer) -> None:
     """A CMYK JPEG of the example 7 was read as a blank white image (prediction 1, abstain)."""
     import io
 

@@ -37,11 +37,11 @@ def test_openapi_contract_holds_with_the_review_queue_on(
     """The review endpoints answering for real (a queue with items), not 404 "queue is off"."""
     import httpx
 
-    from tests.service.conftest import start_server
+    from tests.service.conftest import start_in_process
 
-    srv = start_server(
+    srv = start_in_process(
         tmp_path_factory.mktemp("contract-reviews"), tiny_model, review_queue="on",
-        api_key=API_KEY, workers=1,
+        api_key=API_KEY,
     )  # fmt: skip
     try:
         files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[:4])]

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import Server, start_server
+from tests.service.conftest import start_in_process
 
 KEY = "page-reviewer-key"
 H = {"Authorization": f"Bearer {KEY}"}
@@ -65,7 +65,7 @@ def test_reviewer_labels_with_the_keyboard(
     from selenium.webdriver.common.by import By
 
     work = tmp_path_factory.mktemp("review-page")
-    srv: Server = start_server(work, tiny_model, review_queue="on", reviewer_key=KEY, workers=1)
+    srv = start_in_process(work, tiny_model, review_queue="on", reviewer_key=KEY)
     try:
         files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[20:24])]
         r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
@@ -133,7 +133,7 @@ def test_a_wrong_key_returns_to_the_login_form(
     from selenium.webdriver.common.by import By
 
     work = tmp_path_factory.mktemp("review-page-key")
-    srv = start_server(work, tiny_model, review_queue="on", reviewer_key=KEY, workers=1)
+    srv = start_in_process(work, tiny_model, review_queue="on", reviewer_key=KEY)
     try:
         browser.get(srv.url + "/review")
         browser.find_element(By.ID, "key").send_keys("not-the-key")

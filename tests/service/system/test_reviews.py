@@ -1,4 +1,4 @@
-"""The human review queue over HTTP, against real ``vge serve`` processes.
+"""The human review queue over HTTP, against an in-process server and real ``vge serve`` trees.
 
 Auth, queueing policies, duplicates, a full queue, bad labels, stats, export, metrics, restart
 persistence with retention, and two replicas sharing one real PostgreSQL queue.
@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import API_KEY, Server, free_port, start_server
+from tests.service.conftest import API_KEY, Server, free_port, start_in_process, start_server
+from tests.service.inprocess import InProcessServer
 
 REVIEWER_KEY = "reviewer-key-0123"
 R = {"Authorization": f"Bearer {REVIEWER_KEY}"}
@@ -33,7 +34,10 @@ def files(pngs: list[bytes]) -> list[tuple[str, tuple[str, bytes, str]]]:
 
 
 def predict(
-    srv: Server, pngs: list[bytes], headers: dict[str, str] | None = None, **params: object
+    srv: Server | InProcessServer,
+    pngs: list[bytes],
+    headers: dict[str, str] | None = None,
+    **params: object,
 ) -> list[dict]:
     """Predictions; ``review=always`` needs a key (the reviewer key unless ``headers`` say)."""
     if headers is None:
@@ -45,18 +49,22 @@ def predict(
 
 
 @pytest.fixture(scope="module")
-def review_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
+def review_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
+) -> Iterator[InProcessServer]:
+    """In process (the queue's rules, not processes; a queue shared by several front ends and
+    replicas: test_two_replicas_share_one_postgres_queue, on trees)."""
     work = tmp_path_factory.mktemp("reviews")
-    srv = start_server(
+    srv = start_in_process(
         work, tiny_model, review_queue="on", reviewer_key=REVIEWER_KEY, api_key=API_KEY,
-        review_max_items=6, workers=2, reviewer_keys="alice:alice-key-0123,bob:bob-key-45678",
+        review_max_items=6, reviewer_keys="alice:alice-key-0123,bob:bob-key-45678",
         grpc_port=GRPC_PORT, review_max_claims=2,
     )  # fmt: skip
     yield srv
     srv.stop()
 
 
-def test_review_api_needs_a_key(review_server: Server, pngs: list[bytes]) -> None:
+def test_review_api_needs_a_key(review_server: InProcessServer, pngs: list[bytes]) -> None:
     url = review_server.url + "/v1/reviews"
     assert httpx.get(url).status_code == 401
     wrong = httpx.get(url, headers={"Authorization": "Bearer not-the-key"})
@@ -67,7 +75,7 @@ def test_review_api_needs_a_key(review_server: Server, pngs: list[bytes]) -> Non
     assert page.status_code == 200 and "Reviewer key" in page.text
 
 
-def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> None:
+def test_queue_label_stats_export(review_server: InProcessServer, pngs: list[bytes]) -> None:
     srv = review_server
     # never: nothing queued, no review fields in the answer
     (never,) = predict(srv, pngs[:1], review="never", abstain_k=100)
@@ -146,7 +154,7 @@ def test_queue_label_stats_export(review_server: Server, pngs: list[bytes]) -> N
         time.sleep(0.3)
 
 
-def test_not_a_digit_through_the_api(review_server: Server, pngs: list[bytes]) -> None:
+def test_not_a_digit_through_the_api(review_server: InProcessServer, pngs: list[bytes]) -> None:
     """``"not_a_digit": true`` (no label) marks an image none of the model's classes: no class,
     counted apart from disagreements in the stats and the metrics, exported under
     ``outliers/``; asking for both, neither or a non-boolean is a 422 naming the problem."""
@@ -185,7 +193,7 @@ def test_not_a_digit_through_the_api(review_server: Server, pngs: list[bytes]) -
 
 
 def test_claim_and_skip_need_no_body_and_keys_name_reviewers(
-    review_server: Server, pngs: list[bytes]
+    review_server: InProcessServer, pngs: list[bytes]
 ) -> None:
     srv = review_server
     queued = predict(srv, pngs[40:42], review="always")
@@ -209,7 +217,7 @@ def test_claim_and_skip_need_no_body_and_keys_name_reviewers(
 
 
 def test_the_shared_key_cannot_act_as_a_personal_key_nor_hold_the_queue(
-    review_server: Server, pngs: list[bytes]
+    review_server: InProcessServer, pngs: list[bytes]
 ) -> None:
     """With the shared key a client names itself, but not as a reviewer who has a personal key
     (claim, label, skip: 403); and all its names together hold at most VGE_REVIEW_MAX_CLAIMS
@@ -246,7 +254,7 @@ def test_the_shared_key_cannot_act_as_a_personal_key_nor_hold_the_queue(
 
 
 def test_anonymous_clients_cannot_force_or_probe_the_queue(
-    review_server: Server, pngs: list[bytes]
+    review_server: InProcessServer, pngs: list[bytes]
 ) -> None:
     srv = review_server
     url = srv.url + "/v1/predict"
@@ -268,7 +276,9 @@ def test_anonymous_clients_cannot_force_or_probe_the_queue(
         )
 
 
-def test_v2_http_and_grpc_answers_are_queued(review_server: Server, pngs: list[bytes]) -> None:
+def test_v2_http_and_grpc_answers_are_queued(
+    review_server: InProcessServer, pngs: list[bytes]
+) -> None:
     import numpy as np
     import torch
     import tritonclient.grpc as grpcclient
