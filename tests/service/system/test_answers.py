@@ -12,7 +12,7 @@ import pytest
 import tritonclient.http as tritonclient_http
 from tritonclient.utils import InferenceServerException
 
-from tests.service.conftest import Server, start_in_process
+from tests.service.conftest import API_KEY, Server, start_in_process
 from tests.service.inprocess import InProcessServer
 
 ROOT = Path(__file__).parents[3]
@@ -131,3 +131,73 @@ def test_a_cmyk_jpeg_is_answered_like_its_png(zoo_server: InProcessServer) -> No
     as_png, as_cmyk = r.json()["results"]
     assert as_png["prediction"] == as_cmyk["prediction"] == 7
     assert as_cmyk["abstain"] == as_png["abstain"] is False
+
+
+def test_the_in_process_server_answers_as_a_tree(
+    server: Server, tmp_path: Path, tiny_model: Path, pngs: list[bytes]
+) -> None:
+    """The functional tests' in-process server (tests/service/inprocess.py) is the request path
+    of ``vge serve``, not a copy of it: the same requests to it and to the main tree, serving the
+    same model, get the same bodies — answers (JSON, V2, a review-free batch), model metadata and
+    errors. Stopped, it leaves no thread and no log handler behind in this process."""
+    import logging
+    import threading
+
+    from tests.service.conftest import copy_model
+
+    model = copy_model(tiny_model, tmp_path / "models" / "tiny-v1", "1.0.0")
+    before = set(threading.enumerate())
+    local = start_in_process(
+        tmp_path, model, api_key=API_KEY, max_images=16, max_image_bytes=20_000,
+        max_payload_bytes=400_000, max_image_pixels=512 * 512, max_score_bytes=200_000,
+    )  # fmt: skip
+    v2 = {"inputs": [{"name": "images", "shape": [2, 1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784 + [255] * 784}]}  # fmt: skip
+    requests: list[tuple[str, str, dict[str, object]]] = [
+        ("POST", "/v1/predict", {"files": [("images", (f"{i}.png", p)) for i, p in
+                                           enumerate(pngs[:8])]}),
+        ("POST", "/v1/predict", {"json": {"images": [base64.b64encode(pngs[9]).decode()],
+                                          "top_k": 3, "vgmu_on": "p", "abstain_k": 0.5}}),
+        ("POST", "/v1/predict", {"files": [("images", ("x.png", b"not a png"))]}),
+        ("POST", "/v1/predict", {"json": {"images": [], "top_k": 0}}),
+        ("POST", "/v2/models/tiny/infer", {"json": v2}),
+        ("GET", "/v2/models/tiny", {}),
+        ("GET", "/v2/models/lenet/ready", {}),
+        ("POST", "/v1/training-jobs", {"json": {"epochs": 1}}),  # no key: 401
+    ]  # fmt: skip
+    try:
+        for method, path, kw in requests:
+            a = httpx.request(method, server.url + path, timeout=30, **kw)  # type: ignore[arg-type]
+            b = httpx.request(method, local.url + path, timeout=30, **kw)  # type: ignore[arg-type]
+            assert (a.status_code, a.headers.get("content-type")) == (
+                b.status_code, b.headers.get("content-type")), (path, a.text, b.text)  # fmt: skip
+            if a.headers.get("content-type") == "application/json":
+                _same(a.json(), b.json(), path)
+            else:
+                assert a.content == b.content, path
+        tree, here = (
+            httpx.get(s.url + "/v1/models", timeout=10).json()["models"][0] for s in (server, local)
+        )
+        for volatile in ("served_since", "served_because", "history", "history_id", "loaded_at"):
+            tree.pop(volatile, None), here.pop(volatile, None)
+        assert tree == here
+    finally:
+        assert local.stop() == 0, local.log()
+    assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("vge-")]
+    assert local._handler not in logging.getLogger().handlers
+
+
+def _same(a: object, b: object, where: str) -> None:
+    """``a == b`` for JSON documents, floats to 1e-5 (the two engines sum in other orders)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            _same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), where
+    else:
+        assert a == b, where
