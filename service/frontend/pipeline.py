@@ -297,6 +297,9 @@ def to_model_input(
         and arr.shape[3] in (1, 3, 4)
     ):
         arr = arr.transpose(0, 3, 1, 2)  # NHWC, unambiguous: dim 1 cannot be channels
+    # One C-ordered array torch may wrap: gRPC's raw contents are read-only bytes, which torch
+    # wraps only with a warning that writing is undefined; copied here, as a transposed array is.
+    arr = np.ascontiguousarray(arr) if arr.flags.writeable else np.array(arr, order="C")
     if arr.shape[-1] * arr.shape[-2] > settings.max_image_pixels:
         raise PayloadTooLarge(
             f"images of {arr.shape[-1]}x{arr.shape[-2]} pixels exceed the limit of "
@@ -309,8 +312,8 @@ def to_model_input(
                 f"[B, {', '.join(map(str, model.input_shape))}]; send raw pixels as UINT8 instead"
             )
         _check_normalised(arr, model)
-        return torch.from_numpy(np.ascontiguousarray(arr)), None
-    images = torch.from_numpy(np.ascontiguousarray(arr))
+        return torch.from_numpy(arr), None
+    images = torch.from_numpy(arr)
     if images.ndim == 3:
         images = images.unsqueeze(1)
     if images.shape[1] not in (1, 3, 4):

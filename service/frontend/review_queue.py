@@ -120,7 +120,8 @@ def png_image(pixels: np.ndarray) -> bytes:
     import torch
     from torchvision.io import encode_png
 
-    img = torch.from_numpy(np.ascontiguousarray(pixels))
+    # a copy: the pixels may be a request's read-only bytes (V2 binary, gRPC); one image a review
+    img = torch.from_numpy(np.array(pixels, order="C"))
     if img.ndim == 2:
         img = img.unsqueeze(0)
     if img.shape[0] == 4:
