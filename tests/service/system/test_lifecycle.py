@@ -12,14 +12,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.conftest import API_KEY, Server, start_server
+from tests.service.conftest import API_KEY, Server, start_in_process, start_server
+from tests.service.inprocess import InProcessServer
 
 
 @pytest.fixture(scope="module")
-def slow_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[Server]:
+def slow_server(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
+) -> Iterator[InProcessServer]:
     """Batches always wait 3 s for more requests (long enough for a loaded CI box to send the
-    next request inside the window); the queue holds 4 images."""
-    srv = start_server(
+    next request inside the window); the queue holds 4 images. In process: the queue's policy,
+    not processes, is under test."""
+    srv = start_in_process(
         tmp_path_factory.mktemp("slow"), tiny_model,
         max_batch_size=64, max_queue_delay_ms=3000, batch_wait="always", max_queue_length=4,
         max_images=4,
@@ -32,7 +36,9 @@ def _files(pngs: list[bytes], n: int) -> list:
     return [("images", (f"{i}.png", pngs[i])) for i in range(n)]
 
 
-def test_overload_gives_503_with_retry_after(slow_server: Server, pngs: list[bytes]) -> None:
+def test_overload_gives_503_with_retry_after(
+    slow_server: InProcessServer, pngs: list[bytes]
+) -> None:
     results: dict[str, httpx.Response] = {}
 
     def first() -> None:  # fills the queue (4 images) and waits 3 s for its batch
@@ -54,7 +60,7 @@ def test_overload_gives_503_with_retry_after(slow_server: Server, pngs: list[byt
     assert slow_server.metric("vge_rejections_total", reason="queue_full") >= 1
 
 
-def test_deadline_gives_504_before_compute(slow_server: Server, pngs: list[bytes]) -> None:
+def test_deadline_gives_504_before_compute(slow_server: InProcessServer, pngs: list[bytes]) -> None:
     before = slow_server.metric("vge_batch_size_count", model="tiny")
     t0 = time.monotonic()
     r = httpx.post(slow_server.url + "/v1/predict", params={"timeout_s": 0.05},
