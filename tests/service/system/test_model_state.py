@@ -34,21 +34,25 @@ from tests.service.conftest import (
     Server,
     copy_model,
     kill_engine,
+    start_in_process,
     start_server,
 )
+from tests.service.inprocess import InProcessServer
 
 A = {"Authorization": f"Bearer {API_KEY}"}
 
 
-def _served(srv: Server) -> dict[str, Any]:
+def _served(srv: Server | InProcessServer) -> dict[str, Any]:
     return httpx.get(srv.url + "/v1/models", timeout=10).json()["models"][0]
 
 
-def _history(srv: Server) -> list[dict[str, Any]]:
+def _history(srv: Server | InProcessServer) -> list[dict[str, Any]]:
     return httpx.get(srv.url + "/v1/models/history", headers=A, timeout=10).json()["history"]
 
 
-def _post(srv: Server, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+def _post(
+    srv: Server | InProcessServer, path: str, body: dict[str, Any] | None = None
+) -> httpx.Response:
     return httpx.post(srv.url + path, json=body, headers=A, timeout=120)
 
 
@@ -144,15 +148,16 @@ def test_the_gate_refuses_a_worse_model_and_a_lost_model_is_reported(
 ) -> None:
     """Served: the shipped LeNet-5 (accuracy 0.96 on the gate's digits); candidate: the tiny
     model (one epoch on 512 digits); a model with letters for classes skips the gate. Then the
-    candidate, forced in, is lost two ways."""
+    candidate, forced in, is lost two ways. In process: each start a new run of the server (the
+    rules, not processes, are under test)."""
     work = tmp_path_factory.mktemp("state-gate")
     root = work / "models"
     copy_model(models_root / "tiny-v2", root / "tiny-v2", "2.0.0")
     letters = copy_model(models_root / "tiny-v2", root / "letters", "1.0.0") / "model_card.json"
     card = json.loads(letters.read_text())
     letters.write_text(json.dumps({**card, "class_names": list("abcdefghij")}))
-    cfg = {"api_key": API_KEY, "workers": 1, "models_root": root, "drain_s": 0}
-    srv = start_server(work, Path("lenet5-lle-vgn-mnist"), **cfg)
+    cfg = {"api_key": API_KEY, "models_root": root}
+    srv = start_in_process(work, Path("lenet5-lle-vgn-mnist"), **cfg)
     try:
         refused = _post(srv, "/v1/models/promote", {"model": "tiny-v2"})
         assert refused.status_code == 409, refused.text
@@ -187,7 +192,7 @@ def test_the_gate_refuses_a_worse_model_and_a_lost_model_is_reported(
 
     # the promoted model's directory is deleted: the start model serves, loudly
     shutil.rmtree(root / "tiny-v2")
-    srv = start_server(work, Path("lenet5-lle-vgn-mnist"), **cfg)
+    srv = start_in_process(work, Path("lenet5-lle-vgn-mnist"), **cfg)
     try:
         served = _served(srv)
         assert served["name"] == "lenet5-lle-vgn-mnist" and served["served_because"] == "start"
@@ -201,7 +206,7 @@ def test_the_gate_refuses_a_worse_model_and_a_lost_model_is_reported(
 
     # another model in its place (valid on its own, other weights): refused by the hash
     shutil.copytree(zoo_model_dir("cnn4-lle-vgn-mnist"), root / "tiny-v2")
-    srv = start_server(work, Path("lenet5-lle-vgn-mnist"), **cfg)
+    srv = start_in_process(work, Path("lenet5-lle-vgn-mnist"), **cfg)
     try:
         failed = _served(srv)["restore_failed"]
         assert "sha256" in failed["error"] and failed["recorded_action"] == "promote"
