@@ -276,6 +276,16 @@ def _check_normalised(x: np.ndarray, model: ModelInfo) -> None:
         )
 
 
+def _tensor(arr: np.ndarray) -> torch.Tensor:
+    """``arr`` as a tensor over one writable C-ordered array, copied only when it is neither: a
+    transposed (NHWC) array, or a request's read-only bytes (V2 binary, gRPC), which torch wraps
+    only with a warning that writing them is undefined. Called after the checks, so a refused
+    payload is never copied."""
+    return torch.from_numpy(
+        np.ascontiguousarray(arr) if arr.flags.writeable else np.array(arr, order="C")
+    )
+
+
 def to_model_input(
     arr: np.ndarray,
     dtype: str,
@@ -297,9 +307,6 @@ def to_model_input(
         and arr.shape[3] in (1, 3, 4)
     ):
         arr = arr.transpose(0, 3, 1, 2)  # NHWC, unambiguous: dim 1 cannot be channels
-    # One C-ordered array torch may wrap: gRPC's raw contents are read-only bytes, which torch
-    # wraps only with a warning that writing is undefined; copied here, as a transposed array is.
-    arr = np.ascontiguousarray(arr) if arr.flags.writeable else np.array(arr, order="C")
     if arr.shape[-1] * arr.shape[-2] > settings.max_image_pixels:
         raise PayloadTooLarge(
             f"images of {arr.shape[-1]}x{arr.shape[-2]} pixels exceed the limit of "
@@ -312,16 +319,15 @@ def to_model_input(
                 f"[B, {', '.join(map(str, model.input_shape))}]; send raw pixels as UINT8 instead"
             )
         _check_normalised(arr, model)
-        return torch.from_numpy(arr), None
-    images = torch.from_numpy(arr)
-    if images.ndim == 3:
-        images = images.unsqueeze(1)
-    if images.shape[1] not in (1, 3, 4):
+        return _tensor(arr), None
+    shape = arr.shape if arr.ndim == 4 else (arr.shape[0], 1, *arr.shape[1:])  # [B, H, W]: gray
+    if shape[1] not in (1, 3, 4):
         raise BadInput(
-            f"UINT8 input of shape {list(arr.shape)} has {images.shape[1]} channels in NCHW and "
-            f"{images.shape[3]} in NHWC: send [B, C, H, W] (NCHW; the model's is "
+            f"UINT8 input of shape {list(arr.shape)} has {shape[1]} channels in NCHW and "
+            f"{shape[3]} in NHWC: send [B, C, H, W] (NCHW; the model's is "
             f"[B, {', '.join(map(str, model.input_shape))}]) or [B, H, W, C] with C 1, 3 or 4"
         )
+    images = _tensor(arr).reshape(shape)
     findings = np.zeros(len(images), np.uint8)
     if prepare in (None, "none") and tuple(images.shape[1:]) == model.input_shape:
         return images, findings

@@ -202,7 +202,15 @@ def start_in_process(workdir: Path, model_dir: Path | None, **settings: object) 
     values = {**server_settings(workdir, model_dir), **settings}
     fd, name = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
     os.close(fd)
-    config = Settings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
+    # Only these values: a tree's environment has no VGE_* but its own (start_server), and
+    # Settings would read the ones this process has for every field not given
+    outside = {k: v for k, v in os.environ.items() if k.startswith("VGE_")}
+    for key in outside:
+        del os.environ[key]
+    try:
+        config = Settings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
+    finally:
+        os.environ.update(outside)
     return InProcessServer(config, Path(name)).start()
 
 

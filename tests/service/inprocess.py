@@ -29,15 +29,22 @@ import io
 import logging
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.common.settings import Settings
+
+if TYPE_CHECKING:
+    from service.frontend.server import FrontendServer
 
 #: The server log's format: the engine's and the front ends' (service/engine/engine.py).
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(threadName)s]: %(message)s"
@@ -45,7 +52,13 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(threadName)s]: %(message)s"
 
 class InProcessServer:
     """An engine and a front end of ``settings`` on two threads of this process; started by
-    :meth:`start`, stopped by :meth:`stop` (the engine drains what it holds, as on SIGTERM)."""
+    :meth:`start`, stopped by :meth:`stop` (the front end drains, then the engine computes what
+    it holds, as on SIGTERM).
+
+    Differences from a tree that a test must not rely on: ``/metrics`` and V2's statistics over
+    HTTP show the front end's registry only (:meth:`metric` reads both); :meth:`log` holds the
+    log records of the whole process while the server runs (a tree's log also has the lines its
+    processes print); one front end, whatever ``workers`` says."""
 
     def __init__(self, settings: Settings, log_path: Path) -> None:
         self.settings = settings
@@ -55,66 +68,97 @@ class InProcessServer:
         # "engine-started" marker (a new directory: a new run, where an explicit model wins).
         self.rundir = Path(tempfile.mkdtemp(prefix="vge-inproc-"))
         self._log = io.StringIO()
-        self._handler = logging.StreamHandler(self._log)
-        self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        self._handler.setLevel(settings.log_level.upper())
+        self._handlers = [logging.StreamHandler(self._log), logging.FileHandler(log_path)]
+        for handler in self._handlers:
+            handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            handler.setLevel(settings.log_level.upper())
+        self._root_level = logging.getLogger().level
         self._engine_loop: asyncio.AbstractEventLoop | None = None
         self._engine_stop: asyncio.Event | None = None
-        self._engine_error: BaseException | None = None
+        self._errors: dict[str, BaseException] = {}
         self._threads: list[threading.Thread] = []
+        self._sock: socket.socket | None = None
+        self._torch_threads = 0
+        self.frontend: FrontendServer | None = None
+        self._stopped = False
 
     # ------------------------------------------------------------------ start
     def start(self, timeout_s: float = 90) -> InProcessServer:
-        """Start the engine, then the front end; return once ``/readyz`` says 200."""
+        """Start the engine, then the front end; return once ``/readyz`` says 200. A start that
+        fails part-way stops what it started before it raises."""
+        import torch
+
+        root = logging.getLogger()
+        for handler in self._handlers:
+            root.addHandler(handler)
+        root.setLevel(min(self._root_level or logging.WARNING, self._handlers[0].level))
+        self._torch_threads = torch.get_num_threads()  # the engine sets this process's
+        try:
+            self._start(time.monotonic() + timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, deadline: float) -> None:
         from service.common.shm import Arena, new_arena_file
-        from service.engine.engine import Engine
+        from service.engine.engine import Engine, _loop_factory
         from service.frontend.engine_client import EngineClient
         from service.frontend.server import frontend_server, reuseport_socket
 
-        logging.getLogger().addHandler(self._handler)
         socket_path = str(self.rundir / "engine.sock")
-        engine = Engine(self.settings)
-        self.engine = engine
+        engine = self.engine = Engine(self.settings)
         ready = threading.Event()
 
         def run_engine() -> None:
-            from service.engine.engine import _loop_factory
-
-            try:
-                with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-                    self._engine_loop = runner.get_loop()
-                    self._engine_stop = asyncio.Event()
+            with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+                self._engine_loop = runner.get_loop()
+                self._engine_stop = asyncio.Event()
+                try:
                     runner.run(engine.run(socket_path, ready, stop=self._engine_stop))
-            except BaseException as exc:  # reported by start() and stop()
-                self._engine_error = exc
-                ready.set()
+                except BaseException as exc:
+                    self._errors["engine"] = exc  # before ready: start() reads it, no timeout
+                    raise
+                finally:
+                    ready.set()
 
         self._spawn(run_engine, "engine")
-        deadline = time.monotonic() + timeout_s
-        if not ready.wait(timeout_s) or self._engine_error is not None:
-            self._detach()
-            raise RuntimeError(f"the engine did not start: {self._engine_error!r}\n{self.log()}")
+        if not ready.wait(max(0.0, deadline - time.monotonic())) or self._errors:
+            raise RuntimeError(f"the engine did not start: {self._errors}\n{self.log()}")
 
         size = self.settings.shm_mb_per_worker * 1024 * 1024
-        self.arena_path = new_arena_file(size, "inproc", base=self.rundir)
-        client = EngineClient(socket_path, Arena(self.arena_path, size))
-        self.frontend = frontend_server(self.settings, client, configure_logging=False)
-        sock = reuseport_socket(self.settings.host, 0)
-        port = sock.getsockname()[1]
-        self._spawn(lambda: self.frontend.run(sockets=[sock]), "frontend")
-        self.url = f"http://{self.settings.host}:{port}"
+        arena = Arena(new_arena_file(size, "inproc", base=self.rundir), size)
+        frontend = self.frontend = frontend_server(
+            self.settings, EngineClient(socket_path, arena), configure_logging=False
+        )
+        sock = self._sock = reuseport_socket(self.settings.host, 0)
+        self.url = f"http://{self.settings.host}:{sock.getsockname()[1]}"
+
+        def run_frontend() -> None:
+            frontend.run(sockets=[sock])
+            if not frontend.started:  # uvicorn logged why and returned (a tree's exit status 3)
+                raise RuntimeError("the front end did not start")
+
+        self._spawn(run_frontend, "frontend")
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return self
-            if not all(t.is_alive() for t in self._threads):
+                    return
+            if self._errors or not all(t.is_alive() for t in self._threads):
                 break
             time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the in-process server was not ready:\n{self.log()}")
+        raise RuntimeError(f"the in-process server was not ready: {self._errors}\n{self.log()}")
 
-    def _spawn(self, target: object, role: str) -> None:
-        thread = threading.Thread(target=target, name=f"vge-{role}", daemon=True)  # type: ignore[arg-type]
+    def _spawn(self, target: Callable[[], None], role: str) -> None:
+        """Run ``target`` on a thread of its own; what it raises is kept for start and stop."""
+
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                self._errors[role] = exc
+
+        thread = threading.Thread(target=run, name=f"vge-{role}", daemon=True)
         thread.start()
         self._threads.append(thread)
 
@@ -125,16 +169,18 @@ class InProcessServer:
         return httpx.Client(base_url=self.url, timeout=30, **kw)  # type: ignore[arg-type]
 
     def log(self) -> str:
-        """What the server logged (the engine's and the front end's records, this run only)."""
+        """What was logged while the server ran (its engine's and front end's records)."""
         return self._log.getvalue()
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of ``name`` matching ``labels`` over the front end's and the
-        engine's registries: what ``/metrics`` shows for a tree, where every process writes to
-        one multiprocess directory."""
+        engine's registries, as a tree's ``/metrics`` sums counters, histograms and ``livesum``
+        gauges over its processes. A gauge that both processes set and a tree aggregates
+        otherwise (``vge_review_store_up``: ``livemin``) reads the sum here: test it on a tree."""
+        assert self.frontend is not None, "the server is not started"
         total = 0.0
-        for metrics in (self.frontend.state.metrics, self.engine.metrics):
-            text = metrics.render().decode()
+        for registry in (self.frontend.state.metrics.registry, self.engine.metrics.registry):
+            text = generate_latest(registry).decode()  # no device-memory update (render's)
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     if sample.name == name and all(
@@ -146,30 +192,45 @@ class InProcessServer:
     # ------------------------------------------------------------------ stop
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         """Stop as ``vge serve`` does on SIGTERM: the front end drains and goes, then the engine
-        computes what it holds and goes. 0 when both ended cleanly, 1 otherwise. Only SIGTERM is
-        meant: a test of SIGKILL needs a real process tree."""
+        computes what it holds and goes. 0 when both started and ended cleanly, 1 otherwise
+        (the errors are in :attr:`errors`). A test of SIGKILL needs a real process tree."""
         if sig != signal.SIGTERM:
             raise ValueError("an in-process server stops as on SIGTERM; use a tree for signals")
-        if not self._threads:
-            return 0
-        frontend = getattr(self, "frontend", None)
-        if frontend is not None:
-            frontend.should_exit = True
+        if self._stopped:
+            return 1 if self._errors else 0
+        if self.frontend is not None:
+            self.frontend.handle_exit(signal.SIGTERM, None)  # drains for drain_s, then exits
         for thread in self._threads[1:]:
             thread.join(timeout)
         if self._engine_loop is not None and self._engine_stop is not None:
             with contextlib.suppress(RuntimeError):  # its loop already closed
                 self._engine_loop.call_soon_threadsafe(self._engine_stop.set)
-        self._threads[0].join(timeout)
-        clean = not any(t.is_alive() for t in self._threads) and self._engine_error is None
+        if self._threads:
+            self._threads[0].join(timeout)
+        clean = not any(t.is_alive() for t in self._threads) and not self._errors
         self._detach()
         return 0 if clean else 1
 
+    @property
+    def errors(self) -> dict[str, BaseException]:
+        """What the engine's or the front end's thread raised, by role."""
+        return dict(self._errors)
+
     def _detach(self) -> None:
-        """Undo what the run did to this process: the log handler, the frozen GC generation (the
-        engine and the front end freeze their start-up objects, meant for a process of their
-        own), the run directory."""
-        logging.getLogger().removeHandler(self._handler)
+        """Undo what the run did to this process: the log handlers and level, the engine's torch
+        thread count, the frozen GC generation (the engine and the front end freeze their
+        start-up objects, meant for a process of their own), the listener, the run directory."""
+        import torch
+
+        root = logging.getLogger()
+        for handler in self._handlers:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(self._root_level)
+        if self._torch_threads:
+            torch.set_num_threads(self._torch_threads)
         gc.unfreeze()
-        self._threads = []
+        if self._sock is not None:
+            self._sock.close()
+        self._stopped = True
         shutil.rmtree(self.rundir, ignore_errors=True)
