@@ -144,11 +144,20 @@ class Engine:
         await self.models.load_initial(first_start=not started.exists())
         started.touch()
         self.batcher.start()
-        self.metrics.init_job_states()
-        self._export_model_series()
-        await asyncio.to_thread(self.jobs.start)
-        Path(socket_path).unlink(missing_ok=True)
-        server = await asyncio.start_unix_server(self._serve_client, path=socket_path)
+        try:
+            self.metrics.init_job_states()
+            self._export_model_series()
+            await asyncio.to_thread(self.jobs.start)
+            Path(socket_path).unlink(missing_ok=True)
+            server = await asyncio.start_unix_server(self._serve_client, path=socket_path)
+        except BaseException:
+            # A start that fails here (e.g. a socket path over AF_UNIX's 107 bytes) stops what it
+            # started: in its own process the exit would, an engine embedded in another process
+            # (the tests' in-process server) would leave its batch loop and job sweeper running.
+            await self.batcher.drain(0)
+            await asyncio.to_thread(self.jobs.shutdown)
+            await asyncio.to_thread(self.repository.close)
+            raise
         self.metrics.engine_ready.set(1)
         current = self.models.current
         assert current is not None

@@ -133,3 +133,27 @@ def test_engine_and_client_in_process(
         asyncio.run(main())
     finally:
         signal.signal(signal.SIGINT, sigint)
+
+
+def test_an_engine_whose_start_fails_stops_what_it_started(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """A socket path over AF_UNIX's limit fails the start after the batch loop and the jobs'
+    log sweeper have started: the error reaches the caller, and neither is left running (an
+    engine embedded in another process, as the tests' in-process server embeds one)."""
+    import threading
+
+    rundir = tmp_path / ("r" * 120)  # the socket's path: over the 107 bytes AF_UNIX takes
+    rundir.mkdir()
+    settings = _settings(tmp_path, tiny_model).model_copy(update={"job_log_retention_days": 1.0})
+    before = set(threading.enumerate())
+
+    async def main() -> None:
+        engine = Engine(settings)
+        with pytest.raises(OSError):
+            await engine.run(str(rundir / "engine.sock"), stop=asyncio.Event())
+        assert engine.batcher._task is None or engine.batcher._task.done()
+
+    asyncio.run(main())
+    left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert "vge-job-log-sweeper" not in left, left
