@@ -154,9 +154,7 @@ class Engine:
             # A start that fails here (e.g. a socket path over AF_UNIX's 107 bytes) stops what it
             # started: in its own process the exit would, an engine embedded in another process
             # (the tests' in-process server) would leave its batch loop and job sweeper running.
-            await self.batcher.drain(0)
-            await asyncio.to_thread(self.jobs.shutdown)
-            await asyncio.to_thread(self.repository.close)
+            await self._stop_work()
             raise
         self.metrics.engine_ready.set(1)
         current = self.models.current
@@ -195,11 +193,16 @@ class Engine:
         memory.cancel()
         housekeeping.cancel()
         server.close()
+        await self._stop_work()
+        for outbox in list(self._clients):
+            outbox.close()
+
+    async def _stop_work(self) -> None:
+        """Compute what is queued (``shutdown_grace_s`` at most), stop the training jobs, close
+        the model repository: the end of every run, and of a start that failed part-way."""
         await self.batcher.drain(self.settings.shutdown_grace_s)
         await asyncio.to_thread(self.jobs.shutdown)
         await asyncio.to_thread(self.repository.close)
-        for outbox in list(self._clients):
-            outbox.close()
 
     async def _review_housekeeping(self) -> None:
         """The review queue's depth gauge and store health (every 2 s), retention (at start,

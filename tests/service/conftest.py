@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import numpy as np
@@ -29,7 +30,7 @@ import pytest
 import torch
 from torchvision.io import encode_png
 
-from tests.service.inprocess import InProcessServer
+from tests.service.inprocess import InProcessServer, sample_sum
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-0123456789"
@@ -148,18 +149,7 @@ class Server:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of ``name`` matching ``labels`` in /metrics."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("#") or not line.startswith(name):
-                continue
-            series, _, value = line.rpartition(" ")
-            base, _, lab = series.partition("{")
-            if base != name:
-                continue
-            if all(f'{k}="{v}"' in lab for k, v in labels.items()):
-                total += float(value)
-        return total
+        return sample_sum(httpx.get(self.url + "/metrics", timeout=10).text, name, **labels)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:
@@ -204,13 +194,9 @@ def start_in_process(workdir: Path, model_dir: Path | None, **settings: object) 
     os.close(fd)
     # Only these values: a tree's environment has no VGE_* but its own (start_server), and
     # Settings would read the ones this process has for every field not given
-    outside = {k: v for k, v in os.environ.items() if k.startswith("VGE_")}
-    for key in outside:
-        del os.environ[key]
-    try:
+    own = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
+    with mock.patch.dict(os.environ, own, clear=True):
         config = Settings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
-    finally:
-        os.environ.update(outside)
     return InProcessServer(config, Path(name)).start()
 
 

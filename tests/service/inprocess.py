@@ -50,6 +50,17 @@ if TYPE_CHECKING:
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(threadName)s]: %(message)s"
 
 
+def sample_sum(exposition: str, name: str, **labels: str) -> float:
+    """Sum of the samples named ``name`` whose labels include ``labels``, in a Prometheus text
+    exposition (a ``/metrics`` page)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
 class InProcessServer:
     """An engine and a front end of ``settings`` on two threads of this process; started by
     :meth:`start`, stopped by :meth:`stop` (the front end drains, then the engine computes what
@@ -114,17 +125,12 @@ class InProcessServer:
             with asyncio.Runner(loop_factory=_loop_factory()) as runner:
                 self._engine_loop = runner.get_loop()
                 self._engine_stop = asyncio.Event()
-                try:
-                    runner.run(engine.run(socket_path, ready, stop=self._engine_stop))
-                except BaseException as exc:
-                    self._errors["engine"] = exc  # before ready: start() reads it, no timeout
-                    raise
-                finally:
-                    ready.set()
+                runner.run(engine.run(socket_path, ready, stop=self._engine_stop))
 
-        self._spawn(run_engine, "engine")
-        if not ready.wait(max(0.0, deadline - time.monotonic())) or self._errors:
-            raise RuntimeError(f"the engine did not start: {self._errors}\n{self.log()}")
+        engine_thread = self._spawn(run_engine, "engine")
+        while not ready.wait(0.05):  # ready, or the thread ended (its error kept by _spawn)
+            if not engine_thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the engine did not start: {self._errors}\n{self.log()}")
 
         size = self.settings.shm_mb_per_worker * 1024 * 1024
         arena = Arena(new_arena_file(size, "inproc", base=self.rundir), size)
@@ -149,7 +155,7 @@ class InProcessServer:
             time.sleep(0.05)
         raise RuntimeError(f"the in-process server was not ready: {self._errors}\n{self.log()}")
 
-    def _spawn(self, target: Callable[[], None], role: str) -> None:
+    def _spawn(self, target: Callable[[], None], role: str) -> threading.Thread:
         """Run ``target`` on a thread of its own; what it raises is kept for start and stop."""
 
         def run() -> None:
@@ -161,6 +167,7 @@ class InProcessServer:
         thread = threading.Thread(target=run, name=f"vge-{role}", daemon=True)
         thread.start()
         self._threads.append(thread)
+        return thread
 
     # ------------------------------------------------------------------ what tests read
     def client(self, **kw: object) -> httpx.Client:
@@ -173,21 +180,14 @@ class InProcessServer:
         return self._log.getvalue()
 
     def metric(self, name: str, **labels: str) -> float:
-        """Sum of the samples of ``name`` matching ``labels`` over the front end's and the
-        engine's registries, as a tree's ``/metrics`` sums counters, histograms and ``livesum``
-        gauges over its processes. A gauge that both processes set and a tree aggregates
-        otherwise (``vge_review_store_up``: ``livemin``) reads the sum here: test it on a tree."""
+        """:func:`sample_sum` over the front end's and the engine's registries, as a tree's
+        ``/metrics`` sums counters, histograms and ``livesum`` gauges over its processes. A gauge
+        that both processes set and a tree aggregates otherwise (``vge_review_store_up``:
+        ``livemin``) reads the sum here: test it on a tree."""
         assert self.frontend is not None, "the server is not started"
-        total = 0.0
-        for registry in (self.frontend.state.metrics.registry, self.engine.metrics.registry):
-            text = generate_latest(registry).decode()  # no device-memory update (render's)
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if sample.name == name and all(
-                        sample.labels.get(k) == v for k, v in labels.items()
-                    ):
-                        total += sample.value
-        return total
+        registries = (self.frontend.state.metrics.registry, self.engine.metrics.registry)
+        # generate_latest, not Metrics.render: no device-memory update as a side effect
+        return sum(sample_sum(generate_latest(r).decode(), name, **labels) for r in registries)
 
     # ------------------------------------------------------------------ stop
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
