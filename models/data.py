@@ -30,6 +30,7 @@ __all__ = [
     "bundled_mnist_path",
     "bundled_split",
     "denormalise_uint8",
+    "elastic_displacement",
     "load_bundled_mnist",
     "load_dataset",
     "normalise_uint8",
@@ -51,6 +52,11 @@ AUGMENT_AFFINE: dict[str, tuple[float, float]] = {
     "translate": (0.1, 0.1),
     "scale": (0.9, 1.1),
 }
+
+# ``TrainConfig.augment_elastic``: the smoothing of the random displacement field, in pixels
+# (Simard, Steinkraus & Platt 2003, "Best practices for convolutional neural networks applied to
+# visual document analysis", used sigma = 4 on 28x28 MNIST digits).
+AUGMENT_ELASTIC_SIGMA = 4.0
 
 # Published per-channel statistics of the torchvision training sets (pixel values in [0, 1]).
 DATASET_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
@@ -237,6 +243,7 @@ def random_affine(
     degrees: tuple[float, float] = AUGMENT_AFFINE["degrees"],
     translate: tuple[float, float] = AUGMENT_AFFINE["translate"],
     scale: tuple[float, float] = AUGMENT_AFFINE["scale"],
+    displacement: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """An independent random affine transform of every image of a float batch ``(B, C, H, W)``.
 
@@ -249,6 +256,10 @@ def random_affine(
     the whole batch in one ``grid_sample`` instead of image by image. ``fill`` is given per channel
     in the batch's own (normalised) units. The parameters are drawn from ``generator`` (CPU) only,
     so a seeded generator gives the same augmented batch every time.
+
+    ``displacement`` ``(B, H, W, 2)`` (:func:`elastic_displacement`) is added to the sampling grid,
+    in normalised units, as ``torchvision.transforms.v2.functional.elastic`` adds it: affine and
+    elastic distortion in one resampling, so the digit is interpolated once.
     """
     b, _, h, w = x.shape
     if b == 0:
@@ -282,10 +293,13 @@ def random_affine(
     grid = base.view(1, h * w, 3).expand(b, -1, -1).bmm(theta.transpose(1, 2) / half)
     # torchvision's _apply_grid_transform: sample the image and a ones-mask together (zero
     # padding), then out = mask * (warped - fill) + fill.
+    grid = grid.view(b, h, w, 2)
+    if displacement is not None:
+        grid = grid + displacement.to(dtype=x.dtype, device=x.device)
     ones = torch.ones(b, 1, h, w, dtype=x.dtype, device=x.device)
     warped = torch.nn.functional.grid_sample(
         torch.cat((x, ones), 1),
-        grid.view(b, h, w, 2),
+        grid,
         mode="bilinear",
         padding_mode="zeros",
         align_corners=False,
@@ -293,6 +307,35 @@ def random_affine(
     out, mask = warped[:, :-1], warped[:, -1:]
     f = torch.tensor(list(fill), dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return (out - f) * mask + f
+
+
+def elastic_displacement(
+    b: int,
+    h: int,
+    w: int,
+    alpha: float,
+    generator: torch.Generator,
+    sigma: float = AUGMENT_ELASTIC_SIGMA,
+) -> torch.Tensor:
+    """Independent random elastic displacement fields for a batch, ``(B, H, W, 2)`` in the
+    normalised units of ``grid_sample``: per image, what
+    ``torchvision.transforms.v2.ElasticTransform(alpha, sigma)`` draws (uniform noise in [-1, 1] per
+    pixel and axis, Gaussian-smoothed with kernel ``8 sigma + 1``, times ``alpha / size``), drawn
+    for the whole batch at once from ``generator`` (CPU). Elastic distortion is the augmentation
+    that lifted small CNNs on MNIST most (Simard et al. 2003): it mimics the wobble of a hand."""
+    k = int(8 * sigma + 1) | 1
+    noise = torch.rand(b, 2, h, w, generator=generator) * 2 - 1  # (B, [dx, dy], H, W)
+    # torchvision's gaussian_blur (reflect padding, the same 1-D kernel), as two 1-D passes: its
+    # k x k 2-D convolution cost 0.37 s per 128-digit batch on one core, this costs ~10 ms
+    t = torch.linspace(-(k - 1) / 2, (k - 1) / 2, k)
+    g = torch.exp(-0.5 * (t / sigma) ** 2)
+    g = (g / g.sum()).expand(2, 1, k)  # (channels, 1, k): the same kernel on dx and dy
+    pad = k // 2
+    smooth = torch.nn.functional.pad(noise, (pad, pad, pad, pad), mode="reflect")
+    smooth = torch.nn.functional.conv2d(smooth, g.unsqueeze(2), groups=2)  # along W
+    smooth = torch.nn.functional.conv2d(smooth, g.unsqueeze(3), groups=2)  # along H
+    scale = torch.tensor([alpha / w, alpha / h]).view(1, 2, 1, 1)
+    return (smooth * scale).permute(0, 2, 3, 1).contiguous()  # (B, H, W, 2)
 
 
 def _fingerprint(*parts: bytes | str) -> str:

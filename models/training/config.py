@@ -128,6 +128,22 @@ class TrainConfig(ArchitectureSpec):
         "chalk, a larger page, ink on paper, uneven light, blur, noise) and read back as the "
         "server reads an upload (models/training/step.py); needs augment; 0 = none",
     )
+    augment_elastic: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="elastic distortion of training images, torchvision ElasticTransform's "
+        "alpha (sigma 4, Simard et al. 2003), in the same resampling as the affine transform; "
+        "needs augment; 0 = none",
+    )
+    ema_decay: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="exponential moving average of the weights and BatchNorm statistics "
+        "(Polyak averaging, torch.optim.swa_utils.AveragedModel), updated after every optimiser "
+        "step; validation, early stopping and the saved model use the average; 0 = none",
+    )
     min_delta: float = Field(1e-4, ge=0)
     device: str | None = None
     deterministic: bool = True
@@ -253,6 +269,8 @@ class TrainConfig(ArchitectureSpec):
             raise ValueError("loss 'members' ignores the VGN layer; use loss 'mixture' with vgn")
         if self.augment_read and not self.augment:
             raise ValueError("augment_read is part of the training augmentation: set augment")
+        if self.augment_elastic and not self.augment:
+            raise ValueError("augment_elastic is part of the training augmentation: set augment")
         if self.target_deferral is not None and self.target_risk is not None:
             raise ValueError("give at most one of target_deferral and target_risk")
         return self

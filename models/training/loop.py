@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from models.data import DataBundle
 
@@ -54,6 +55,8 @@ def train(
                 if train_loss is None or run.end_epoch(epoch, train_loss):
                     break
         run.stopping.restore()
+        if run.ema is not None:  # the average is the model that validated and is saved
+            run.model.load_state_dict(run.ema.module.state_dict())
         if rt.is_main:
             card = finalise(
                 config,
@@ -91,6 +94,14 @@ class _Run:
     cancelled: bool = False
     init: dict[str, Any] | None = None  # the model whose weights started the run (init_from)
     outliers: OutlierExposure | None = None  # outlier exposure (config.outlier_exposure > 0)
+    ema: AveragedModel | None = None  # the weights' moving average (config.ema_decay > 0)
+
+    @property
+    def evaluated(self) -> nn.Module:
+        """What validates and what early stopping keeps: the weights' average when there is one
+        (Polyak averaging smooths the last steps' noise, so the checkpoint a noisy 800-digit
+        validation loss picks is less of a draw), else the model itself."""
+        return self.ema.module if self.ema is not None else self.model
 
     @classmethod
     def setup(cls, config: TrainConfig, rt: Runtime, emit: EventFn) -> _Run:
@@ -105,7 +116,13 @@ class _Run:
         augment = Augmenter.for_run(config, bundle, rt.rank) if config.augment else None
         progress = Progress(emit, config.model_name(), config.epochs, len(loader), rt)
         progress.start(bundle)
-        stopping = EarlyStopping(model, config.patience, config.min_delta)
+        ema = None
+        if config.ema_decay > 0:
+            avg = get_ema_multi_avg_fn(config.ema_decay)
+            ema = AveragedModel(model, multi_avg_fn=avg, use_buffers=True)
+        stopping = EarlyStopping(
+            ema.module if ema is not None else model, config.patience, config.min_delta
+        )
         outliers = None
         if config.outlier_exposure > 0:
             outliers = OutlierExposure.for_run(config, bundle, rt.rank)
@@ -122,6 +139,7 @@ class _Run:
             stopping,
             init=init,
             outliers=outliers,
+            ema=ema,
         )
 
     def train_epoch(self, epoch: int, should_stop: StopFn | None) -> float | None:
@@ -141,6 +159,8 @@ class _Run:
                 self.augment,
                 self.outliers,
             )
+            if self.ema is not None:
+                self.ema.update_parameters(self.model)
             loss_sum += float(loss) * len(y)
             n_seen += len(y)
             self.progress.on_step(epoch, loss_sum / n_seen, self.stopping.best_loss)
@@ -152,9 +172,9 @@ class _Run:
     def end_epoch(self, epoch: int, train_loss: float) -> bool:
         """Validate, record, step the schedule, report; True when early stopping ends the run."""
         if self.outliers is not None:  # the digits' exact BatchNorm statistics (outliers.py)
-            recalibrate_batchnorm(self.model, self.bundle.train, self.config.eval_batch_size)
+            recalibrate_batchnorm(self.evaluated, self.bundle.train, self.config.eval_batch_size)
         val_loss, val_acc = validate(
-            self.model, self.bundle.val, self.rt, self.config.eval_batch_size
+            self.evaluated, self.bundle.val, self.rt, self.config.eval_batch_size
         )
         record = {
             "epoch": epoch,

@@ -18,7 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.data import DataBundle, denormalise_uint8, normalise_uint8, random_affine
+from models.data import (
+    DataBundle,
+    denormalise_uint8,
+    elastic_displacement,
+    normalise_uint8,
+    random_affine,
+)
 
 from .config import TrainConfig
 from .loss import mixture_nll
@@ -33,10 +39,16 @@ __all__ = [
 ]
 
 
-def augment_batch(x: Tensor, generator: torch.Generator, fill: list[float]) -> Tensor:
-    """The training-time augmentation of one batch (``TrainConfig.augment``); see
-    :func:`models.data.random_affine`. A module-level hook so tests can observe where it runs."""
-    return random_affine(x, generator, fill)
+def augment_batch(
+    x: Tensor, generator: torch.Generator, fill: list[float], elastic: float = 0.0
+) -> Tensor:
+    """The training-time augmentation of one batch (``TrainConfig.augment``): a random affine
+    transform, with an elastic distortion of strength ``elastic`` (``augment_elastic``) in the
+    same resampling; see :func:`models.data.random_affine`. A module-level hook so tests can
+    observe where it runs."""
+    b, _, h, w = x.shape
+    disp = elastic_displacement(b, h, w, elastic, generator) if elastic and b else None
+    return random_affine(x, generator, fill, displacement=disp)
 
 
 def photographed(digit: Tensor, g: torch.Generator) -> Tensor:
@@ -88,6 +100,7 @@ class Augmenter:
     generator: torch.Generator
     fill: list[float]  # black, in normalised units
     read_share: float = 0.0
+    elastic: float = 0.0
     norm: tuple[tuple[float, ...], tuple[float, ...]] = ((0.0,), (1.0,))  # digits' mean, std
 
     @classmethod
@@ -100,11 +113,12 @@ class Augmenter:
             gen,
             [-m / s for m, s in zip(bundle.mean, bundle.std, strict=True)],
             share,
+            config.augment_elastic,
             (tuple(bundle.mean), tuple(bundle.std)),
         )
 
     def __call__(self, x: Tensor) -> Tensor:
-        x = augment_batch(x, self.generator, self.fill)
+        x = augment_batch(x, self.generator, self.fill, self.elastic)
         n = round(self.read_share * x.shape[0])
         if n:
             from models.prepare import Finding, canonicalise

@@ -147,14 +147,83 @@ def test_random_affine_matches_torchvision_per_image():
     assert not torch.equal(out, x)
 
 
+def test_elastic_distortion_is_torchvisions_per_image():
+    """augment_elastic: the batched displacement is drawn as ElasticTransform draws it, and
+    random_affine with an identity transform applies it as TF.elastic does."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    from models.data import elastic_displacement
+
+    x = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    disp = elastic_displacement(4, 28, 28, 34.0, torch.Generator().manual_seed(2))
+    assert disp.shape == (4, 28, 28, 2)
+    g = torch.Generator().manual_seed(2)
+    noise = torch.rand(4, 2, 28, 28, generator=g) * 2 - 1
+    for i in range(4):  # ElasticTransform.make_params, image by image, on the same noise
+        d = [
+            TF.gaussian_blur(noise[i, a][None, None], [33, 33], [4.0, 4.0]) * 34.0 / 28
+            for a in (0, 1)
+        ]
+        want = torch.cat(d, 1).permute(0, 2, 3, 1)
+        torch.testing.assert_close(disp[i : i + 1], want, atol=1e-4, rtol=0)
+    still = dict(degrees=(0.0, 0.0), translate=(0.0, 0.0), scale=(1.0, 1.0))
+    out = random_affine(x, torch.Generator().manual_seed(0), [-0.4], displacement=disp, **still)
+    for i in range(4):
+        ref = TF.elastic(
+            x[i], disp[i : i + 1], interpolation=InterpolationMode.BILINEAR, fill=[-0.4]
+        )
+        torch.testing.assert_close(out[i], ref, atol=1e-4, rtol=0)
+    plain = random_affine(x, torch.Generator().manual_seed(0), [-0.4], **still)
+    torch.testing.assert_close(plain, x, atol=1e-5, rtol=0)  # identity without the field
+    assert (out - x).abs().amax() > 0.1  # the field moves pixels
+    # displacements of about a pixel: a digit stays the same digit
+    assert 0.2 < float(disp.mul(14).norm(dim=-1).mean()) < 2.0
+
+
+def test_elastic_augmentation_needs_augment_and_changes_batches():
+    from models.training.step import Augmenter
+
+    with pytest.raises(ValueError, match="augment_elastic is part of the training augmentation"):
+        TrainConfig(augment_elastic=34.0)
+    bundle = load_dataset("mnist-bundled", max_train_samples=64)
+    x = torch.stack([bundle.train[i][0] for i in range(16)])
+    runs = {}
+    for alpha in (0.0, 34.0, 34.0):
+        cfg = TrainConfig(augment=True, augment_elastic=alpha, seed=4)
+        runs.setdefault(alpha, []).append(Augmenter.for_run(cfg, bundle, 0)(x))
+    torch.testing.assert_close(runs[34.0][0], runs[34.0][1])  # seeded: same batches
+    assert not torch.allclose(runs[34.0][0], runs[0.0][0], atol=1e-3)
+
+
+def test_weight_averaging_validates_and_saves_the_average(tiny_run, tmp_path):
+    """ema_decay: early stopping keeps the average's best epoch and that average is what is
+    saved (its validation loss is the recorded one); it is not the plain run's weights."""
+    from models.training.validate import basic_metrics
+
+    with pytest.raises(ValueError, match="ema_decay"):
+        TrainConfig(ema_decay=1.0)
+    cfg = TrainConfig(ensemble="lle", vgn=True, seed=3, ema_decay=0.5, **TINY)
+    train(cfg, tmp_path)
+    model, card = load_checkpoint(tmp_path)
+    assert card.training["config"]["ema_decay"] == 0.5
+    bundle = load_dataset("mnist-bundled", max_train_samples=TINY["max_train_samples"])
+    got = basic_metrics(*collect_predictions(model, bundle.val, "cpu", 1024))
+    best = card.training["history"][card.training["best_epoch"] - 1]
+    assert got["nll"] == pytest.approx(best["val_loss"], rel=1e-5)
+    plain, _ = load_checkpoint(tiny_run[1])  # same seed and data, no averaging
+    a, b = model.state_dict(), plain.state_dict()
+    assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
+
+
 def test_augmentation_only_on_training_batches_and_deterministic(tiny_run, tmp_path, monkeypatch):
     import models.training.step as training_step
 
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
     real = training_step.augment_batch
 
-    def spy(x, generator, fill):
-        out = real(x, generator, fill)
+    def spy(x, generator, fill, *rest):
+        out = real(x, generator, fill, *rest)
         seen.append((x.clone(), out.clone()))
         return out
 
