@@ -105,6 +105,17 @@ class BatchedHeads(nn.Module):
             )
             self.biases.append(nn.Parameter(torch.empty(members, d_out).uniform_(-bound, bound)))
         self.dropout = nn.Dropout(spec.dropout)
+        if not 0.0 < spec.subspace <= 1.0:
+            raise ValueError(f"head subspace must be in (0, 1], got {spec.subspace}")
+        if spec.subspace < 1.0:
+            # member m reads `keep` features of its own, drawn once from the global RNG (seeded
+            # like the weights) and saved with them: (M, d_in, 1) zeros and ones
+            keep = max(1, round(spec.subspace * in_features))
+            chosen = torch.rand(members, in_features).argsort(dim=1)[:, :keep]
+            mask = torch.zeros(members, in_features).scatter_(1, chosen, 1.0)
+            self.register_buffer("feature_mask", mask.unsqueeze(-1))
+        else:
+            self.feature_mask = None
 
     def forward(self, features: Tensor) -> Tensor:
         """``features`` (B, F) shared by all heads, or (B, M, F) per member -> logits (B, M, C)."""
@@ -112,6 +123,8 @@ class BatchedHeads(nn.Module):
         n = len(self.weights)
         h = features
         for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            if i == 0 and self.feature_mask is not None:
+                w = w * self.feature_mask  # (M, d_in, d_out): the features member m does not read
             if h.dim() == 2:
                 h = torch.einsum("bf,mfo->bmo", h, w) + b  # (B, M, d_out)
             else:

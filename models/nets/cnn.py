@@ -43,6 +43,7 @@ class CNN4(Backbone):
         fc_activation: str = "relu",
         head_hidden: int = 0,
         head_dropout: float = 0.0,
+        head_subspace: float = 1.0,
     ) -> None:
         super().__init__()
         self.features = nn.Sequential(
@@ -61,8 +62,12 @@ class CNN4(Backbone):
         # head_hidden > 0: each member gets its own hidden layer (hidden -> head_hidden -> C, Tanh,
         # dropout), like LeNet-5's 120 -> 84 -> C heads: independent nonlinear heads disagree more
         # away from the data than linear heads on shared features.
+        # head_subspace < 1: each member reads its own random share of the 128 features
         self.head = HeadSpec(
-            hidden=(head_hidden,) if head_hidden else (), activation="tanh", dropout=head_dropout
+            hidden=(head_hidden,) if head_hidden else (),
+            activation="tanh",
+            dropout=head_dropout,
+            subspace=head_subspace,
         )
 
     def forward(self, x: Tensor) -> Tensor:

@@ -30,12 +30,17 @@ class HeadSpec:
     ``hidden`` lists the hidden widths between the feature vector and the logits, e.g. ``(84,)`` for
     LeNet-5's ``120 -> 84 -> C`` head (SI S3.1) or ``()`` for the single linear layer that follows the
     ResNet/WRN extra fully connected block. ``activation`` is applied after each hidden layer and is
-    followed by dropout with probability ``dropout``.
+    followed by dropout with probability ``dropout``. ``subspace`` < 1 gives every member its own
+    fixed random share of the features (:class:`models.ensembles.base.BatchedHeads`).
     """
 
     hidden: tuple[int, ...] = ()
     activation: str = "relu"  # "tanh" | "relu"
     dropout: float = 0.0
+    # share of the feature vector each member's first layer reads: a fixed random subset per member
+    # (the random subspace method, Ho 1998), so members differ in what they are built from, not
+    # only in their initial weights; 1.0 = every member reads every feature
+    subspace: float = 1.0
 
 
 class Backbone(nn.Module):

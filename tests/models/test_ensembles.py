@@ -117,6 +117,26 @@ def test_batched_heads_equal_loop_of_linear_layers():
     assert not torch.allclose(heads.weights[0][0], heads.weights[0][1])
 
 
+def test_subspace_heads_each_read_their_own_features():
+    """HeadSpec.subspace: member m's logits depend on its own fixed half of the features only."""
+    torch.manual_seed(0)
+    heads = BatchedHeads(4, 12, 3, HeadSpec(subspace=0.5))
+    mask = heads.feature_mask[..., 0].bool()  # (M, F)
+    assert mask.sum(1).tolist() == [6, 6, 6, 6] and len({tuple(r.tolist()) for r in mask}) == 4
+    f = torch.randn(5, 12)
+    out = heads(f)
+    for m in range(4):
+        moved = f.clone()
+        moved[:, ~mask[m]] += 10.0  # what member m does not read
+        torch.testing.assert_close(heads(moved)[:, m], out[:, m])
+        ref = f[:, mask[m]] @ heads.weights[0][m][mask[m]] + heads.biases[0][m]
+        torch.testing.assert_close(out[:, m], ref)
+    assert "feature_mask" in dict(heads.named_buffers())  # saved with the weights
+    assert "feature_mask" not in dict(BatchedHeads(4, 12, 3, HeadSpec()).named_buffers())
+    with pytest.raises(ValueError, match="subspace must be in"):
+        BatchedHeads(4, 12, 3, HeadSpec(subspace=0.0))
+
+
 def test_lle_shares_backbone_and_scales_to_100_heads():
     torch.manual_seed(0)
     lle = build_ensemble("lle", "lenet5", 10, 100, vgn=True).eval()

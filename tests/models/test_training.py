@@ -216,6 +216,28 @@ def test_weight_averaging_validates_and_saves_the_average(tiny_run, tmp_path):
     assert a.keys() == b.keys() and any(not torch.equal(a[k], b[k]) for k in a)
 
 
+def test_subspace_heads_train_save_and_serve(tmp_path):
+    """backbone_kwargs head_subspace: the members' feature masks are saved with the weights and
+    the served forward (BatchNorm folded) answers as the trained module does."""
+    from models.predictor import Predictor
+
+    cfg = TrainConfig(
+        backbone="cnn4",
+        ensemble="lle",
+        vgn=True,
+        seed=3,
+        backbone_kwargs={"head_subspace": 0.25},
+        **{**TINY, "epochs": 1},
+    )
+    train(cfg, tmp_path)
+    model, _ = load_checkpoint(tmp_path)
+    assert model.heads.feature_mask[..., 0].sum(1).tolist() == [32.0] * 3
+    served = Predictor.from_dir(tmp_path)
+    bundle = load_dataset("mnist-bundled", max_train_samples=TINY["max_train_samples"])
+    x = torch.stack([bundle.test[i][0] for i in range(8)])
+    torch.testing.assert_close(served.forward(x).q, model(x).q, atol=1e-5, rtol=1e-4)
+
+
 def test_augmentation_only_on_training_batches_and_deterministic(tiny_run, tmp_path, monkeypatch):
     import models.training.step as training_step
 
