@@ -28,6 +28,7 @@ __all__ = [
     "OUTLIER_CM_FONTS",
     "OUTLIER_FAMILIES",
     "OUTLIER_FAMILIES_V2",
+    "OUTLIER_FAMILIES_V3",
     "OUTLIER_FONTS",
     "OUTLIER_PHOTOS",
     "OUTLIER_TAG",
@@ -88,20 +89,30 @@ OUTLIER_FAMILIES_V2: dict[str, tuple[float, Callable[[np.random.Generator], np.n
 }
 
 
+#: Version 3 (issue 33): version 2 plus Latin letters in a third style, a proportional sans-serif:
+#: Aileron, the scalable font built into Pillow (not a suite font; the suite's sans is DejaVu
+#: Sans). Versions 1 and 2 stay what the models trained on them drew.
+OUTLIER_FAMILIES_V3: dict[str, tuple[float, Callable[[np.random.Generator], np.ndarray]]] = {
+    **OUTLIER_FAMILIES_V2,
+    "sans_letters": (0.15, lambda rng: render.glyph(rng, LATIN, (render.PILLOW_FONT,))),
+}
+_VERSIONS = {1: OUTLIER_FAMILIES, 2: OUTLIER_FAMILIES_V2, 3: OUTLIER_FAMILIES_V3}
+
+
 def outlier_exposure_set(
     n: int = 12000, seed: int = 0, version: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """``n`` outlier images uint8 ``(n, 28, 28)`` and their family index ``(n,)`` (into
     :data:`OUTLIER_FAMILIES`), each family from ``default_rng([OUTLIER_TAG, seed, family])``.
     Constant images (a flat photo crop) are redrawn: those belong to the suite's ``blank`` group.
-    ``version`` 2 adds :data:`OUTLIER_FAMILIES_V2`'s Computer Modern letters (family indices
-    then index that dict). Different seeds give different sets (training uses the config's seed; a validation set for
+    ``version`` 2 adds :data:`OUTLIER_FAMILIES_V2`'s Computer Modern letters, 3 also
+    :data:`OUTLIER_FAMILIES_V3`'s Aileron letters (family indices then index that dict). Different seeds give different sets (training uses the config's seed; a validation set for
     choosing the outlier-exposure recipe uses another)."""
     if n < 1:
         raise ValueError(f"n must be >= 1; got {n}")
-    families = {1: OUTLIER_FAMILIES, 2: OUTLIER_FAMILIES_V2}.get(version)
+    families = _VERSIONS.get(version)
     if families is None:
-        raise ValueError(f"outlier set version must be 1 or 2; got {version}")
+        raise ValueError(f"outlier set version must be 1, 2 or 3; got {version}")
     names = list(families)
     shares = np.array([families[f][0] for f in names])
     counts = np.floor(shares / shares.sum() * n).astype(int)

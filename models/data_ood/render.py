@@ -30,8 +30,18 @@ def font_dir() -> Path:
     return Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
 
 
+#: The name that stands for Pillow's built-in scalable font (Aileron Regular, inside Pillow's own
+#: wheel since 10.1) where a font file name is expected.
+PILLOW_FONT = "pillow:Aileron"
+
+
 @lru_cache(maxsize=64)
 def _font(name: str, px: int) -> ImageFont.FreeTypeFont:
+    if name == PILLOW_FONT:
+        font = ImageFont.load_default(px)
+        if not isinstance(font, ImageFont.FreeTypeFont):  # a Pillow built without FreeType
+            raise RuntimeError("Pillow's built-in scalable font needs Pillow with FreeType")
+        return font
     return ImageFont.truetype(str(font_dir() / name), px)
 
 
@@ -61,7 +71,7 @@ def mnist_frame(img: NDArray[np.floating] | U8) -> U8:
 
 def glyph(rng: np.random.Generator, chars: str, fonts: tuple[str, ...]) -> U8:
     """One character drawn like a handwritten digit: a random glyph of ``chars`` in a random font
-    of ``fonts`` (file names under :func:`font_dir`), white on black, a random stroke thickening
+    of ``fonts`` (file names under :func:`font_dir`, or :data:`PILLOW_FONT`), white on black, a random stroke thickening
     (0–3 px at 64 px), rotation (±15°) and shear-free aspect jitter, then :func:`mnist_frame`."""
     ch = chars[int(rng.integers(len(chars)))]
     font = _font(fonts[int(rng.integers(len(fonts)))], 64)

@@ -158,10 +158,11 @@ class TrainConfig(ArchitectureSpec):
     )
     outlier_batch_size: int = Field(64, ge=1, le=LIMITS["batch_size"])
     outlier_pool: int = Field(12000, ge=1, le=100_000)
-    outlier_set: Literal[1, 2] = Field(
+    outlier_set: Literal[1, 2, 3] = Field(
         1,
-        description="version of the generated outlier set (models/data_ood/outliers.py): 1, or "
-        "2 with Latin letters in the Computer Modern faces added",
+        description="version of the generated outlier set (models/data_ood/outliers.py): 1; "
+        "2 with Latin letters in the Computer Modern faces added; 3 with Latin letters in "
+        "Pillow's built-in sans-serif (Aileron) added as well",
     )
     outlier_targets: Literal["uniform", "disagree"] = Field(
         "uniform",

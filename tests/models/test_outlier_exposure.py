@@ -222,8 +222,26 @@ def test_outlier_set_version_2_adds_computer_modern_letters_and_keeps_version_1(
     cm = v2[fam2 == list(OUTLIER_FAMILIES_V2).index("cm_letters")]
     assert len(cm) == 26  # floor(200 · 0.15 / 1.15)
     assert int((cm.reshape(len(cm), -1) > 128).sum(1).min()) > 20
-    with pytest.raises(ValueError, match="version must be 1 or 2"):
-        outlier_exposure_set(10, version=3)
+    with pytest.raises(ValueError, match="version must be 1, 2 or 3"):
+        outlier_exposure_set(10, version=4)
+
+
+def test_outlier_set_version_3_adds_pillows_sans_letters_and_keeps_version_2() -> None:
+    """Version 3 adds Latin letters in Pillow's built-in Aileron (not a suite face); version 2's
+    families keep their bytes (each family draws from its own seed)."""
+    from models.data_ood import render
+    from models.data_ood.outliers import OUTLIER_FAMILIES_V3, outlier_exposure_set
+    from models.data_ood.suite import SUITE_FONTS
+
+    assert render.PILLOW_FONT not in SUITE_FONTS
+    assert render._font(render.PILLOW_FONT, 64).getname()[0] == "Aileron"
+    v2, fam2 = outlier_exposure_set(300, seed=3, version=2)
+    v3, fam3 = outlier_exposure_set(300, seed=3, version=3)
+    sans = v3[fam3 == list(OUTLIER_FAMILIES_V3).index("sans_letters")]
+    assert len(sans) == 34  # floor(300 · 0.15 / 1.30)
+    assert int((sans.reshape(len(sans), -1) > 128).sum(1).min()) > 20  # drawn, with ink
+    cm = list(OUTLIER_FAMILIES_V3).index("cm_letters")
+    assert (v3[fam3 == cm][:20] == v2[fam2 == cm][:20]).all()  # same draws, fewer of them
 
 
 def test_augment_read_draws_digits_as_photos_and_reads_them_back_as_served() -> None:
