@@ -326,7 +326,7 @@ def elastic_displacement(
     k = int(8 * sigma + 1) | 1
     noise = torch.rand(b, 2, h, w, generator=generator) * 2 - 1  # (B, [dx, dy], H, W)
     # torchvision's gaussian_blur (reflect padding, the same 1-D kernel), as two 1-D passes: its
-    # k x k 2-D convolution cost 0.37 s per 128-digit batch on one core, this costs ~10 ms
+    # k x k 2-D convolution cost 0.37 s per 128-digit batch on one core, this 37 ms
     t = torch.linspace(-(k - 1) / 2, (k - 1) / 2, k)
     g = torch.exp(-0.5 * (t / sigma) ** 2)
     g = (g / g.sum()).expand(2, 1, k)  # (channels, 1, k): the same kernel on dx and dy
