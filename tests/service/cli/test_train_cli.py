@@ -65,6 +65,10 @@ def test_flag_kinds_follow_the_field_types() -> None:
     assert actions["k"].metavar == actions["backbone_kwargs"].metavar == "JSON"
 
 
+#: Flags that are refused without their partner flag.
+PARTNERS = {"k": ["--vgn"], "augment_read": ["--augment"], "augment_elastic": ["--augment"]}
+
+
 def test_every_flag_reaches_the_config() -> None:
     """Each field set by its flag alone, to a value other than its default, is that value in the
     config built from argv (the bug: --augment was parsed and dropped). Bools and Literals are
@@ -102,6 +106,8 @@ def test_every_flag_reaches_the_config() -> None:
         "outlier_overlays": (["0.2"], 0.2),
         "calibration_split": (["0.1"], 0.1),
         "augment_read": (["0.25"], 0.25),
+        "augment_elastic": (["34"], 34.0),
+        "ema_decay": (["0.99"], 0.99),
         "ood_suite_per_group": (["25"], 25),
         "init_from": (["models/x"], "models/x"),
     }
@@ -118,7 +124,7 @@ def test_every_flag_reaches_the_config() -> None:
             assert name in values, f"{name}: add a value other than its default to this test"
             rest, expected = values[name]
             assert getattr(default, name) != expected, f"{name}: not its default, please"
-            needs = {"k": ["--vgn"], "augment_read": ["--augment"]}.get(name, [])  # its partner
+            needs = PARTNERS.get(name, [])
             tried.append((name, [*needs, flag_name(name), *rest], expected))
     assert set(values) <= set(TrainConfig.model_fields)
     for name, argv, expected in tried:
