@@ -61,7 +61,7 @@ run_serving() {
 run_engine() {
   step "the engine alone on CUDA: CPU per single-image request, no HTTP"
   # On CUDA the engine compiles its buckets at load (about a minute): the timeout allows for it.
-  timeout 200 $PY -m benchmarks.engine --device cuda --model cnn4-lle-vgn-mnist --clients 15 \
+  timeout 200 $PY -m benchmarks.engine --device cuda --model cnn4-lle-vgn-doe-mnist --clients 15 \
     --conc 256 --rounds 2 --seconds 3
 }
 run_profile() {

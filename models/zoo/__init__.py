@@ -1,12 +1,11 @@
 """Shipped models. ``default_model_dir()`` is the embedded default the service starts with:
-``cnn4-lle-vgn-mnist`` (a small BatchNorm CNN, LLE-VGN with M = 10 heads). The paper's LeNet-5
-LLE-VGN (SI S3.1) ships beside it as ``lenet5-lle-vgn-mnist``; serve it by name
-(``vge serve --model-dir lenet5-lle-vgn-mnist``) or promote it by name. ``cnn4-lle-vgn-oe-mnist`` is the
-default's recipe with outlier exposure: it defers on non-digits (docs/ood-suite.md) but missed an
-in-distribution target, so it is not the default. ``cnn4-lle-vgn-doe-mnist`` (issue 33) trains its
-members to disagree on non-digits and to split on overlaid digit pairs: a real epistemic signal
-(EU alone separates far OOD), but it misses in-distribution and OOD targets and is not the
-default either. See each model's README.md.
+``cnn4-lle-vgn-doe-mnist`` (issue 33: a small BatchNorm CNN, LLE-VGN with M = 10 heads, trained
+with outlier exposure whose members disagree on non-digits and split on overlaid digit pairs, so
+that it defers letters, photos, noise and ambiguous digits). ``cnn4-lle-vgn-mnist``, the default
+before it (trained on digits alone: it answers most non-digits with confidence), ships beside it
+for comparison, as do ``cnn4-lle-vgn-oe-mnist`` (Hendrycks et al.'s uniform outlier target) and
+the paper's LeNet-5 LLE-VGN (SI S3.1) as ``lenet5-lle-vgn-mnist``. Serve any of them by name
+(``vge serve --model-dir lenet5-lle-vgn-mnist``) or promote one by name. See each model's README.md.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-DEFAULT_MODEL = "cnn4-lle-vgn-mnist"
+DEFAULT_MODEL = "cnn4-lle-vgn-doe-mnist"
 
 
 def zoo_dir() -> Path:

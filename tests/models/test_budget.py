@@ -45,7 +45,8 @@ def test_the_shipped_recipes_need_little(recipe: Path) -> None:
     est = estimate_training_memory(load_config(recipe))
     assert est.total_bytes < 0.5 * GIB, est.describe()
     config = load_config(recipe)
-    assert est.batch == 128 + (64 if config.outlier_exposure > 0 else 0)  # outliers share the pass
+    outliers = config.outlier_batch_size if config.outlier_exposure > 0 else 0
+    assert est.batch == 128 + outliers  # outliers share the pass
 
 
 def test_activations_grow_with_the_batch_and_the_optimiser_is_adam() -> None:

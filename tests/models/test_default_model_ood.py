@@ -1,16 +1,13 @@
-"""The shipped model trained to defer on non-digits (``cnn4-lle-vgn-oe-mnist`` 2.0.0, outlier
-exposure) meets the targets its card records on the committed sample of the OOD suite
-(models/data/ood-suite-sample.npz, 40 images per group; its card holds the 500-per-group
-numbers), through the library's served path and through a real server. The default
-(``cnn4-lle-vgn-mnist`` 2.0.0) stays the default because the OE model's validation-calibrated k
-defers 5.75 % of the test split, over the in-distribution target's 5 % (see
-models/zoo/cnn4-lle-vgn-oe-mnist/README.md); its card records the suite too, and how far it is
-from the targets.
+"""The shipped models' OOD behaviour, from their cards (500 images per group of the suite) and on
+the committed sample of the OOD suite (models/data/ood-suite-sample.npz, 40 images per group).
 
-The targets checked are the ones each card recorded when it was evaluated (issue 25's for the
-2.0.0 cards: 80 % letters, 90 % photos, 95 % noise, blank and patterns), not the suite's current
-ones (issue 33 raised them and added near-OOD targets, which these models do not meet). A card
-evaluated on the current suite (it records ``shrunk_digits``) must record the current targets."""
+The default, ``cnn4-lle-vgn-doe-mnist`` 4.0.0 (issue 33), records the current suite and meets
+every target on it. ``cnn4-lle-vgn-oe-mnist`` 2.0.0 (uniform-target outlier exposure) meets the
+targets its card recorded (issue 25's for the 2.0.0 cards: 80 % letters, 90 % photos, 95 % noise,
+blank and patterns), through the library's served path and through a real server.
+``cnn4-lle-vgn-mnist`` 2.0.0, the default before issue 33, trained on digits alone, records
+how far it is from the targets. A card evaluated on the current suite (it records
+``shrunk_digits``) must record the current targets."""
 
 from __future__ import annotations
 
@@ -30,6 +27,7 @@ from models.predictor import Predictor
 from models.zoo import default_model_dir, zoo_model_dir
 
 OE_MODEL = "cnn4-lle-vgn-oe-mnist"
+OLD_DEFAULT = "cnn4-lle-vgn-mnist"  # the default before issue 33
 
 torch.set_num_threads(1)
 
@@ -83,8 +81,7 @@ def test_oe_model_defers_on_the_committed_ood_sample() -> None:
 
 
 def test_cards_record_the_suite_and_the_oe_model_meets_the_targets() -> None:
-    default = _card(default_model_dir())
-    old = default["metrics"]["evaluation"]["ood_suite"]
+    old = _card(zoo_model_dir(OLD_DEFAULT))["metrics"]["evaluation"]["ood_suite"]
     _check_recorded_targets(old)
     # as served the reading defers noise (98.6 %); letters and overlays are why the OE models exist
     assert old["groups"]["letters"]["meets_target"] is False
@@ -149,20 +146,28 @@ def _median_eu_on_letters(model: str) -> float:
     return float(np.median(eu))
 
 
-def test_the_disagreeing_oe_model_records_what_its_readme_claims() -> None:
-    """``cnn4-lle-vgn-doe-mnist`` (issue 33): its card's suite is the current one with the
-    current targets; EU alone separates far OOD (AUROC ≥ 0.95); its members are several times
-    more diverse on digits than the default's; and on letters they disagree more than the
-    default's and the uniform-target OE model's members do (median EU over twice theirs, as
-    measured: 0.021 against 0.010 and 0.007; 0.025 for 3.0.0)."""
+def test_the_default_meets_every_target_of_the_suite_and_its_eu_is_real() -> None:
+    """The default, ``cnn4-lle-vgn-doe-mnist`` (issue 33): its card's suite is the current one
+    with the current targets, 500 images a group, every target met (letters ≥ 90 %, photos, noise,
+    blank, patterns ≥ 98 %, overlaid digits ≥ 80 %, shrunk digits deferred or right ≥ 98 %); VGMU
+    and EU alone separate far OOD (AUROC ≥ 0.97, ≥ 0.95); its members are several times more
+    diverse on digits than the old default's; and on letters they disagree more than the old
+    default's and the uniform-target OE model's members do (median EU over twice theirs)."""
+    assert default_model_dir() == zoo_model_dir(DOE_MODEL)
     card = _card(zoo_model_dir(DOE_MODEL))
     ev = card["metrics"]["evaluation"]
     suite = ev["ood_suite"]
     _check_recorded_targets(suite)
-    assert "shrunk_digits" in suite["groups"] and suite["far"]["scores"]["eu"]["auroc"] >= 0.95
-    default = _card(default_model_dir())["metrics"]["evaluation"]["diversity"]["p"]
-    assert ev["diversity"]["p"] >= 5 * default
+    assert "shrunk_digits" in suite["groups"]
+    targeted = {n: g for n, g in suite["groups"].items() if g["target"] is not None}
+    assert set(targeted) == {*ABSTAIN_TARGETS, *DEFERRED_OR_RIGHT_TARGETS}
+    for name, g in targeted.items():
+        assert g["n"] == 500 and g["meets_target"], (name, g)
+    assert suite["far"]["scores"]["vgmu"]["auroc"] >= 0.97
+    assert suite["far"]["scores"]["eu"]["auroc"] >= 0.95
+    old = _card(zoo_model_dir(OLD_DEFAULT))["metrics"]["evaluation"]["diversity"]["p"]
+    assert ev["diversity"]["p"] >= 5 * old
     assert card["training"]["config"]["outlier_targets"] == "disagree"
     eu = _median_eu_on_letters(DOE_MODEL)
     assert eu > 2 * _median_eu_on_letters(OE_MODEL)
-    assert eu > 2 * _median_eu_on_letters("cnn4-lle-vgn-mnist")
+    assert eu > 2 * _median_eu_on_letters(OLD_DEFAULT)

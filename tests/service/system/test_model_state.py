@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from models.zoo import zoo_model_dir
+from models.zoo import DEFAULT_MODEL, zoo_model_dir
 from tests.service.conftest import (
     API_KEY,
     Server,
@@ -239,7 +239,7 @@ def test_the_served_model_rule_explicit_plain_promote_plain(
     srv = start_server(work, None, **cfg)
     try:  # plain: the shipped default, not the previous start's tiny-v1; the log says why
         served = _served(srv)
-        assert (served["name"], served["served_because"]) == ("cnn4-lle-vgn-mnist", "start")
+        assert (served["name"], served["served_because"]) == (DEFAULT_MODEL, "start")
         note = _history(srv)[0]["note"]
         assert note == (f"configured model changed: none (the shipped default), was "
                         f"{(models_root / 'tiny-v1').resolve()}")  # fmt: skip
@@ -383,7 +383,7 @@ def test_a_model_directory_is_validated_whole_and_a_bad_recorded_one_never_stops
 
         # the start model breaks too: the next restart serves the shipped default
         _set(start / "model_card.json", class_names=["/abs"] * 10)
-        served = _kill_engine_until(srv, lambda m: m["name"] == "cnn4-lle-vgn-mnist")
+        served = _kill_engine_until(srv, lambda m: m["name"] == DEFAULT_MODEL)
         assert served["restore_failed"]["start_model_error"].count("class_names") == 1
         _predict_ok(srv, pngs[0])
         assert srv.proc.poll() is None  # the supervisor never gave up
