@@ -131,13 +131,39 @@ class Target:
         raise RuntimeError(f"{self.name} not ready in 180 s")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # its own process group, started above
+        """SIGTERM to the server's process group, then wait until every process of the group
+        has exited, not only its leader: PyTriton's ``tritonserver`` and its Python backend
+        stub outlive their parent by ~10 s of graceful shutdown, which the next server measured
+        (vge's first level of the next round) used to share the 2 cores with."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # its own process group, started above (start_new_session)
+        if self.proc.poll() is None:
+            os.killpg(pgid, signal.SIGTERM)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(pgid, signal.SIGKILL)
                 self.proc.wait(10)
+        deadline = time.monotonic() + 30
+        while group_alive(pgid):
+            if time.monotonic() > deadline:
+                os.killpg(pgid, signal.SIGKILL)
+                deadline = time.monotonic() + 10
+            time.sleep(0.2)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (zombies, which an init that does
+    not reap may keep, do not count): read from ``/proc/<pid>/stat``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process exited while being read
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            return True
+    return False
 
 
 def targets(

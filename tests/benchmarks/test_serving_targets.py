@@ -32,3 +32,33 @@ def test_a_setting_without_a_value_or_on_a_peer_is_refused(tmp_path: Path) -> No
         targets(["vge@MAX_BATCH_SIZE"], None, tmp_path)
     with pytest.raises(SystemExit, match="only vge"):
         targets(["litserve@WORKERS=2"], None, tmp_path)
+
+
+def test_stop_waits_for_every_process_of_the_server_not_only_its_leader(tmp_path: Path) -> None:
+    """A server whose children outlive it (PyTriton's tritonserver shuts down ~10 s after its
+    Python parent): ``stop`` returns once the whole process group is gone, so the next server
+    measured does not share the CPUs with it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.serving import Target, group_alive
+
+    # the leader exits at once on SIGTERM; its child ignores SIGTERM for 1.5 s, then exits
+    child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1.5)"
+    script = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"
+    t = Target(name="t", cmd=[], env={}, path="/", ready_path="/")
+    t.proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    time.sleep(0.5)  # the child is running
+    assert group_alive(t.proc.pid)
+    started = time.monotonic()
+    t.stop()
+    assert not group_alive(t.proc.pid)
+    assert time.monotonic() - started >= 0.8  # it waited for the child, not only the leader
+    with_leader_only = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    os.killpg(with_leader_only.pid, 9)
+    with_leader_only.wait()
+    assert not group_alive(with_leader_only.pid)  # a reaped group is not alive
