@@ -1,6 +1,6 @@
 """The input pipeline measured through a real ``vge serve`` with its defaults (issue 32).
 
-    python -m benchmarks.inputs [--per-family 200] [--per-group 500] [--write]
+    python -m benchmarks.inputs [--per-family 200] [--per-group 500] [--seed 0] [--write]
 
 Starts ``vge serve`` (the shipped default model, CPU, a fresh state directory, a free loopback
 port), POSTs every image as a user would (multipart ``/v1/predict``, 16 images per request) and
@@ -11,9 +11,9 @@ reports:
   ``prepare`` (``mnist``) and ``prepare=none`` (the pixels as sent, today's behaviour before);
 * the in-distribution targets: the bundled test split and the 2,000 held-out digits, each and
   pooled, sent as PNG: accuracy, accepted answers correct, deferral;
-* the OOD suite (:mod:`models.data_ood`, seed 0) sent as PNG: the abstain rate per group with
-  ``prepare=mnist`` and ``prepare=none`` side by side, and how many pictures the reading found no
-  digit in;
+* the OOD suite (:mod:`models.data_ood`, seed 0 unless ``--seed``) sent as PNG: the abstain rate
+  per group with ``prepare=mnist`` and ``prepare=none`` side by side, and how many pictures the
+  reading found no digit in;
 * the reading's CPU per image (in this process, one thread): an MNIST digit (served as sent), a
   28×28 digit off centre, photos of 100, 300 and 3000×2000 px.
 
@@ -230,6 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--section", default="Input pipeline (issue 32)", help="docs/benchmarks.md section"
     )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="draw of the photographed digits and of the OOD suite (0: the one every model was "
+        "read on; 1, 2, ...: fresh draws no choice looked at)",
+    )
     ap.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     args = ap.parse_args(argv)
 
@@ -238,19 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     from models.data_ood.suite import DEFERRED_OR_RIGHT_TARGETS, ood_suite_labels
     from models.data_photos import FAMILIES, HANDWRITTEN, photo_digits
 
-    photos = photo_digits(args.per_family)
+    photos = photo_digits(args.per_family, seed=args.seed)
     images, labels = load_bundled_mnist()
     test = bundled_split()["test"]
     hx, hy = load_holdout_mnist()
-    suite = ood_suite(args.per_group, seed=0)
-    suite_labels = ood_suite_labels(args.per_group, seed=0)
+    suite = ood_suite(args.per_group, seed=args.seed)
+    suite_labels = ood_suite_labels(args.per_group, seed=args.seed)
     lines: list[str] = []
     with serve(args.model) as url:
         models = httpx.get(url + "/v1/models", timeout=10).json()["models"][0]
         lines.append(f"Served: `{models['name']}` {models['version']} at its calibrated "
                      f"abstain_k = {models['abstain_k']:.4g}, through a real `vge serve` "
                      f"(CPU), {PER_REQUEST} images per multipart request.\n")  # fmt: skip
-        lines += ["### Digits as people send them (models.data_photos, seed 0)", "",
+        lines += [f"### Digits as people send them (models.data_photos, seed {args.seed})", "",
                   "| family | n | prepare | accepted | accepted answers correct | accuracy (all) |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
         fam = np.array(photos.families)
@@ -286,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             lo, hi = _wilson(r["deferral"], r["n"])
             lines.append(f"| {name} | {r['n']} | {r['accuracy']:.4f} | {r['accepted_correct']:.4f} | "
                          f"{r['deferral']:.2%} ({lo:.2%}–{hi:.2%}) |")  # fmt: skip
-        lines += ["", f"### OOD suite (seed 0, {args.per_group} per group, sent as PNG): abstain rate",
+        lines += ["", f"### OOD suite (seed {args.seed}, {args.per_group} per group, sent as PNG): abstain rate",
                   "", "| group | target | prepare=none (before) | prepare=mnist (served) | "
                   "deferred or right (served) | no digit found |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
@@ -327,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.report import write_section
 
         command = "python -m benchmarks.inputs" + (f" --model {args.model}" if args.model else "")
+        command += f" --seed {args.seed}" if args.seed else ""
         command += (
             "" if args.section == ap.get_default("section") else f' --section "{args.section}"'
         )
