@@ -351,6 +351,10 @@ def model_statistics(state: ServiceState, model: ModelInfo) -> dict[str, Any]:
     compute_s = s.get(("vge_compute_seconds_sum", m), 0.0)
     failed = sum(s.get(("vge_rejections_total", r), 0.0) for r in ("queue_full", "deadline"))
     zero = _duration(0, 0.0)
+    queue, compute = _duration(requests, queue_s), _duration(requests, compute_s)
+    # success's ns is the sum of the two rounded ns, as documented: rounding the sum of the
+    # seconds instead can differ from it by 1 ns
+    success = {"count": queue["count"], "ns": queue["ns"] + compute["ns"]}
     return {
         "name": m,
         "version": model.version,
@@ -358,11 +362,11 @@ def model_statistics(state: ServiceState, model: ModelInfo) -> dict[str, Any]:
         "inference_count": int(s.get(("vge_batch_size_sum", m), 0.0)),
         "execution_count": int(s.get(("vge_compute_seconds_count", m), 0.0)),
         "inference_stats": {
-            "success": _duration(requests, queue_s + compute_s),
+            "success": success,
             "fail": _duration(failed, 0.0),
-            "queue": _duration(requests, queue_s),
+            "queue": queue,
             "compute_input": zero,
-            "compute_infer": _duration(requests, compute_s),
+            "compute_infer": compute,
             "compute_output": zero,
             "cache_hit": zero,
             "cache_miss": zero,
