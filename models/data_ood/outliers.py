@@ -106,7 +106,8 @@ def outlier_exposure_set(
     :data:`OUTLIER_FAMILIES`), each family from ``default_rng([OUTLIER_TAG, seed, family])``.
     Constant images (a flat photo crop) are redrawn: those belong to the suite's ``blank`` group.
     ``version`` 2 adds :data:`OUTLIER_FAMILIES_V2`'s Computer Modern letters, 3 also
-    :data:`OUTLIER_FAMILIES_V3`'s Aileron letters (family indices then index that dict). Different seeds give different sets (training uses the config's seed; a validation set for
+    :data:`OUTLIER_FAMILIES_V3`'s Aileron letters (family indices then index that dict).
+    Different seeds give different sets (training uses the config's seed; a validation set for
     choosing the outlier-exposure recipe uses another)."""
     if n < 1:
         raise ValueError(f"n must be >= 1; got {n}")

@@ -71,8 +71,9 @@ def mnist_frame(img: NDArray[np.floating] | U8) -> U8:
 
 def glyph(rng: np.random.Generator, chars: str, fonts: tuple[str, ...]) -> U8:
     """One character drawn like a handwritten digit: a random glyph of ``chars`` in a random font
-    of ``fonts`` (file names under :func:`font_dir`, or :data:`PILLOW_FONT`), white on black, a random stroke thickening
-    (0–3 px at 64 px), rotation (±15°) and shear-free aspect jitter, then :func:`mnist_frame`."""
+    of ``fonts`` (file names under :func:`font_dir`, or :data:`PILLOW_FONT`), white on black, a
+    random stroke thickening (0–3 px at 64 px), rotation (±15°) and shear-free aspect jitter, then
+    :func:`mnist_frame`."""
     ch = chars[int(rng.integers(len(chars)))]
     font = _font(fonts[int(rng.integers(len(fonts)))], 64)
     canvas = Image.new("L", (128, 128), 0)
