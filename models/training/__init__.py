@@ -32,7 +32,7 @@ rank 0 writes the checkpoint and emits events.
 Layout: :mod:`.loop` holds ``train``, a short loop over epochs; the parts it calls are
 :mod:`.config` (``TrainConfig``: the shared :class:`~models.checkpoint.ArchitectureSpec` plus how to
 train; ``load_config``), :mod:`.runtime` (device, DDP group, seeding), :mod:`.data` (dataset and
-training loader), :mod:`.loss` (``mixture_nll``, the digits' loss, shared by :mod:`.step` and
+training loader), :mod:`.loss` (``digit_loss``, the digits' loss, shared by :mod:`.step` and
 :mod:`.outliers`), :mod:`.step` (augmentation, optimiser and schedules, ``train_step``; and
 where ``torch.func.vmap`` wins), :mod:`.validate` (predictions, validation broadcast from rank 0),
 :mod:`.stopping` (``EarlyStopping``), :mod:`.events` (``Progress``: start/step/epoch/done events and
@@ -51,7 +51,7 @@ from .config import (
 )
 from .events import EventFn
 from .loop import train
-from .loss import mixture_nll
+from .loss import digit_loss, member_variance, mixture_nll
 from .runtime import seed_everything
 from .step import augment_batch
 from .validate import collect_predictions
@@ -66,6 +66,8 @@ __all__ = [
     "collect_predictions",
     "config_error_message",
     "load_config",
+    "digit_loss",
+    "member_variance",
     "mixture_nll",
     "seed_everything",
     "served_config",

@@ -149,6 +149,15 @@ class TrainConfig(ArchitectureSpec):
     deterministic: bool = True
     target_deferral: float | None = Field(None, gt=0, lt=1)
     target_risk: float | None = Field(None, gt=0, lt=1)
+    member_repulsion: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="negative correlation learning (Liu & Yao 1999) on the digits: the loss "
+        "subtracts this weight x the members' variance of p summed over classes (the paper's "
+        "diversity E[Var_M], SI S3.3, before its mean over classes; models/training/loss.py), "
+        "so members are pushed apart where the likelihood leaves them free; 0 = none",
+    )
     outlier_exposure: float = Field(
         0.0,
         ge=0,

@@ -158,6 +158,7 @@ class _Run:
                 self.rt.device,
                 self.augment,
                 self.outliers,
+                self.config.member_repulsion,
             )
             if self.ema is not None:
                 self.ema.update_parameters(self.model)

@@ -1,4 +1,4 @@
-"""The training loss of the digits, :func:`mixture_nll`: its own module because two steps use it.
+"""The training loss of the digits, :func:`digit_loss`: its own module because two steps use it.
 
 The plain training step (:func:`models.training.step.train_step`) and outlier exposure's step
 (:meth:`models.training.outliers.OutlierExposure.loss`, which adds the outliers' term to it) both
@@ -16,7 +16,7 @@ from torch import Tensor
 
 from models.ensembles import EnsembleOutput
 
-__all__ = ["mixture_nll"]
+__all__ = ["digit_loss", "member_variance", "mixture_nll"]
 
 
 def mixture_nll(out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str = "mixture") -> Tensor:
@@ -33,3 +33,24 @@ def mixture_nll(out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str = "mixt
         return F.nll_loss(log_p.reshape(b * m, c), y.repeat_interleave(m))
     log_mix = torch.logsumexp(log_p, dim=1) - math.log(log_p.shape[1])  # (B, C)
     return F.nll_loss(log_mix, y)
+
+
+def member_variance(p: Tensor) -> Tensor:
+    """Members' variance of ``p`` (B, M, C), unbiased over M, summed over classes, mean over the
+    batch: C x the paper's diversity ``E_{i,c}[Var_M]`` (SI S3.3) of the batch. ``M = 1``: 0."""
+    if p.shape[1] < 2:
+        return p.new_zeros(())
+    return p.var(dim=1).sum(dim=1).mean()
+
+
+def digit_loss(
+    out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str = "mixture", repulsion: float = 0.0
+) -> Tensor:
+    """:func:`mixture_nll` minus ``repulsion`` x :func:`member_variance` of the members' ``p``.
+
+    The second term is negative correlation learning (Liu & Yao 1999): with the mixture loss the
+    likelihood constrains the members' mean on a digit, not how they split its remaining mass,
+    and the term pushes them apart there (``TrainConfig.member_repulsion``; 0 = the NLL alone).
+    """
+    nll = mixture_nll(out, log_p, y, loss)
+    return nll - repulsion * member_variance(out.p) if repulsion else nll

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 from models.data import DataBundle, denormalise_uint8, normalise_uint8, read_as_served
 from models.ensembles import EnsembleOutput
 
-from .loss import mixture_nll
+from .loss import digit_loss
 
 __all__ = [
     "REVIEWED_SHARE",
@@ -240,8 +240,11 @@ class OutlierExposure:
             loss = loss - 0.5 * log_mix.gather(1, pair.to(log_mix.device)).sum()
         return loss / out.p.shape[0]
 
-    def loss(self, net: nn.Module, x: Tensor, y: Tensor, loss_kind: str) -> Tensor:
-        """The digits' training loss plus ``weight`` × the outliers' uniform cross-entropy.
+    def loss(
+        self, net: nn.Module, x: Tensor, y: Tensor, loss_kind: str, repulsion: float = 0.0
+    ) -> Tensor:
+        """The digits' training loss (:func:`~.loss.digit_loss`, ``repulsion`` its
+        negative-correlation weight) plus ``weight`` × the outliers' loss.
 
         Digits and outliers go through one forward pass, and every BatchNorm layer normalises
         the whole batch with the statistics of its digits alone, and tracks those alone
@@ -260,9 +263,9 @@ class OutlierExposure:
             out, log_p = net(torch.cat([x, x_out]), return_log_p=True)
         id_out = EnsembleOutput(out.p[:b], None if out.q is None else out.q[:b])
         ood_out = EnsembleOutput(out.p[b:], None if out.q is None else out.q[b:])
-        return mixture_nll(id_out, log_p[:b], y, loss_kind) + self.weight * self.outlier_loss(
-            ood_out, log_p[b:]
-        )
+        return digit_loss(
+            id_out, log_p[:b], y, loss_kind, repulsion
+        ) + self.weight * self.outlier_loss(ood_out, log_p[b:])
 
 
 def overlay_pairs(

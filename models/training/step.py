@@ -27,7 +27,7 @@ from models.data import (
 )
 
 from .config import TrainConfig
-from .loss import mixture_nll
+from .loss import digit_loss
 from .outliers import OutlierExposure
 
 __all__ = [
@@ -203,16 +203,18 @@ def train_step(
     device: torch.device,
     augment: Augmenter | None = None,
     outliers: OutlierExposure | None = None,
+    repulsion: float = 0.0,
 ) -> Tensor:
     """Forward, loss, backward and optimiser step on one batch; returns the (detached) loss.
-    With ``outliers`` the loss adds outlier exposure (:mod:`models.training.outliers`)."""
+    With ``outliers`` the loss adds outlier exposure (:mod:`models.training.outliers`);
+    ``repulsion`` is the digits' negative-correlation weight (:func:`~.loss.digit_loss`)."""
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     if augment is not None:  # training batches only; validation/test never pass here
         x = augment(x)
     if outliers is not None:
-        loss = outliers.loss(net, x, y, loss_kind)
+        loss = outliers.loss(net, x, y, loss_kind, repulsion)
     else:
         out, log_p = net(x, return_log_p=True)
-        loss = mixture_nll(out, log_p, y, loss_kind)
+        loss = digit_loss(out, log_p, y, loss_kind, repulsion)
     opt.step(loss)
     return loss.detach()

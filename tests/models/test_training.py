@@ -18,7 +18,15 @@ import torch
 from models.checkpoint import load_checkpoint
 from models.data import load_dataset, random_affine
 from models.ensembles import EnsembleOutput
-from models.training import TrainConfig, collect_predictions, load_config, mixture_nll, train
+from models.training import (
+    TrainConfig,
+    collect_predictions,
+    digit_loss,
+    load_config,
+    member_variance,
+    mixture_nll,
+    train,
+)
 from tests.cli import run_vge
 
 torch.set_num_threads(1)
@@ -87,6 +95,32 @@ def test_mixture_nll_is_stable_and_exact():
     q = torch.softmax(torch.randn(5, 4, 3), -1)
     vgn = mixture_nll(EnsembleOutput(log_p.exp(), q), log_p, y)
     assert vgn.item() == pytest.approx(-torch.log(q.mean(1).gather(1, y[:, None])).mean().item())
+
+
+def test_member_variance_and_repulsion_by_hand():
+    """Two members, two classes: (0.9, 0.1) and (0.7, 0.3) differ by 0.2 in each class, so the
+    unbiased variance is 0.02 per class and 0.04 summed; the loss subtracts weight x that."""
+    p = torch.tensor([[[0.9, 0.1], [0.7, 0.3]]])
+    assert member_variance(p).item() == pytest.approx(0.04)
+    assert member_variance(p[:, :1]).item() == 0.0  # one member: no spread to reward
+    out, log_p, y = EnsembleOutput(p, None), p.log(), torch.tensor([0])
+    nll = mixture_nll(out, log_p, y).item()
+    assert nll == pytest.approx(-math.log(0.8))
+    assert digit_loss(out, log_p, y).item() == pytest.approx(nll)
+    assert digit_loss(out, log_p, y, repulsion=2.5).item() == pytest.approx(nll - 0.1)
+
+
+def test_repulsion_pushes_members_apart():
+    """Negative correlation's gradient on the members' logits moves them apart: one step of
+    the term alone raises their variance; at equal members (no spread) it is zero."""
+    logits = torch.tensor([[[2.0, 0.0, -1.0], [1.0, 0.5, 0.0]]], requires_grad=True)
+    p = torch.softmax(logits, -1)
+    (-member_variance(p)).backward()
+    stepped = torch.softmax(logits - 0.5 * logits.grad, -1)
+    assert member_variance(stepped).item() > member_variance(p).item()
+    same = torch.zeros(1, 3, 4, requires_grad=True)
+    member_variance(torch.softmax(same, -1)).backward()
+    assert same.grad is not None and same.grad.abs().max().item() == 0.0
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,7 @@ def test_every_flag_reaches_the_config() -> None:
         "device": (["cpu"], "cpu"),
         "target_deferral": (["0.1"], 0.1),
         "target_risk": (["0.02"], 0.02),
+        "member_repulsion": (["2"], 2.0),
         "outlier_exposure": (["0.5"], 0.5),
         "outlier_batch_size": (["16"], 16),
         "outlier_pool": (["100"], 100),
