@@ -154,9 +154,11 @@ class TrainConfig(ArchitectureSpec):
         ge=0,
         le=100,
         description="negative correlation learning (Liu & Yao 1999) on the digits: the loss "
-        "subtracts this weight x the members' variance of p summed over classes (the paper's "
-        "diversity E[Var_M], SI S3.3, before its mean over classes; models/training/loss.py), "
-        "so members are pushed apart where the likelihood leaves them free; 0 = none",
+        "subtracts this weight x the members' variance of p (unbiased over the members, summed "
+        "over classes, mean over the batch: the paper's diversity E[Var_M], SI S3.3, before its "
+        "mean over classes; models/training/loss.py), so members are pushed apart where the "
+        "likelihood leaves them free; the reported train_loss includes the term and can fall "
+        "below 0; 0 = none",
     )
     outlier_exposure: float = Field(
         0.0,

@@ -51,6 +51,8 @@ def digit_loss(
     The second term is negative correlation learning (Liu & Yao 1999): with the mixture loss the
     likelihood constrains the members' mean on a digit, not how they split its remaining mass,
     and the term pushes them apart there (``TrainConfig.member_repulsion``; 0 = the NLL alone).
+    On a VGN model the NLL is of the gated mean q̄ while the term is of the ungated ``p`` (the
+    diversity the card reports): the gate then shrinks what the spread costs the likelihood.
     """
     nll = mixture_nll(out, log_p, y, loss)
     return nll - repulsion * member_variance(out.p) if repulsion else nll

@@ -270,3 +270,22 @@ def test_augment_read_draws_digits_as_photos_and_reads_them_back_as_served() -> 
     assert int(changed.sum()) == 8  # a quarter of 32, the same affine draws before it
     with pytest.raises(ValueError, match="set augment"):
         TrainConfig(augment_read=0.5)
+
+
+def test_the_outlier_step_passes_the_repulsion_weight_on_to_the_digits() -> None:
+    """OutlierExposure.loss with weight λ is its loss without, minus λ x the members' variance
+    of the digits' p (the outliers are not repelled): two equal exposures draw the same batch."""
+    from models.training import member_variance
+
+    torch.manual_seed(0)
+    net = TrainConfig(backbone="cnn4", members=3, vgn=True).build(10, 1).train()
+    for m in net.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    x, y = torch.randn(8, 1, 28, 28), torch.arange(8) % 10
+    with torch.no_grad():
+        variance = float(member_variance(net(x).p))  # the digits alone: the same BatchNorm
+        plain = float(_exposure("disagree").loss(net, x, y, "mixture"))
+        repelled = float(_exposure("disagree").loss(net, x, y, "mixture", 0.7))
+    assert variance > 0
+    assert plain - repelled == pytest.approx(0.7 * variance, rel=1e-4)
