@@ -272,10 +272,15 @@ def test_augment_read_draws_digits_as_photos_and_reads_them_back_as_served() -> 
         TrainConfig(augment_read=0.5)
 
 
-def test_the_outlier_step_passes_the_repulsion_weight_on_to_the_digits() -> None:
-    """OutlierExposure.loss with weight λ is its loss without, minus λ x the members' variance
-    of the digits' p (the outliers are not repelled): two equal exposures draw the same batch."""
+def test_both_training_steps_pass_the_repulsion_weight_on_to_the_digits() -> None:
+    """With weight λ each step's loss is its loss without, minus λ x the members' variance of
+    the digits' p (dropout off; the outliers are not repelled): the plain step (two equal twins,
+    the loss read before their step) and outlier exposure's (two equal exposures draw the same
+    batch; BatchNorm normalises by the digits alone, so their p is that of the digits' pass)."""
+    import copy
+
     from models.training import member_variance
+    from models.training.step import Optimisation, train_step
 
     torch.manual_seed(0)
     net = TrainConfig(backbone="cnn4", members=3, vgn=True).build(10, 1).train()
@@ -284,8 +289,15 @@ def test_the_outlier_step_passes_the_repulsion_weight_on_to_the_digits() -> None
             m.p = 0.0
     x, y = torch.randn(8, 1, 28, 28), torch.arange(8) % 10
     with torch.no_grad():
-        variance = float(member_variance(net(x).p))  # the digits alone: the same BatchNorm
+        variance = float(member_variance(net(x).p))
         plain = float(_exposure("disagree").loss(net, x, y, "mixture"))
         repelled = float(_exposure("disagree").loss(net, x, y, "mixture", 0.7))
     assert variance > 0
     assert plain - repelled == pytest.approx(0.7 * variance, rel=1e-4)
+    step_losses = []
+    for weight in (0.0, 0.7):
+        twin = copy.deepcopy(net)
+        opt = Optimisation(torch.optim.SGD(twin.parameters(), lr=0.0))
+        cpu = torch.device("cpu")
+        step_losses.append(float(train_step(twin, x, y, opt, "mixture", cpu, None, None, weight)))
+    assert step_losses[0] - step_losses[1] == pytest.approx(0.7 * variance, rel=1e-4)

@@ -123,32 +123,6 @@ def test_repulsion_pushes_members_apart():
     assert same.grad is not None and same.grad.abs().max().item() == 0.0
 
 
-def test_train_step_passes_the_repulsion_weight_on():
-    """The step's loss with weight λ is its loss without, minus λ x the members' variance of
-    the same forward pass (dropout off, the two twins equal before their step)."""
-    import copy
-
-    from models.training.step import Optimisation, train_step
-
-    torch.manual_seed(0)
-    net = TrainConfig(backbone="cnn4", members=3, vgn=True).build(10, 1).train()
-    for m in net.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-    x, y = torch.randn(8, 1, 28, 28), torch.arange(8) % 10
-    with torch.no_grad():
-        variance = float(member_variance(copy.deepcopy(net)(x).p))
-    losses = []
-    for weight in (0.0, 0.7):
-        twin = copy.deepcopy(net)
-        opt = Optimisation(torch.optim.SGD(twin.parameters(), lr=0.0))
-        losses.append(
-            float(train_step(twin, x, y, opt, "mixture", torch.device("cpu"), None, None, weight))
-        )
-    assert variance > 0
-    assert losses[0] - losses[1] == pytest.approx(0.7 * variance, rel=1e-4)
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
