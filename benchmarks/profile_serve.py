@@ -1,6 +1,7 @@
 """Where ``vge serve``'s CPU goes under load: py-spy over the whole process tree, per process.
 
     python -m benchmarks.profile_serve [--device cuda] [--model lenet5-lle-vgn-mnist] [--conc 256]
+                                       [--native]
 
 Starts ``vge serve`` (its defaults), drives it with ``wrk`` (single-image requests, keep-alive,
 loopback only, bounded in time), samples every process with ``py-spy record --subprocesses`` for a
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from benchmarks.serving import BOUNDARY, _pngs, multipart, targets, tree_roles, wrk
@@ -66,12 +68,9 @@ def cpu_per_request(
     return "\n".join(lines)
 
 
-def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
-    """py-spy's raw samples -> per process: busy cores, the ``top`` frames by inclusive share, and
-    the ``top`` innermost frames (where the time was actually spent)."""
-    busy: collections.Counter[str] = collections.Counter()
-    frames: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    leaves: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+def _samples(raw: Path) -> Iterator[tuple[str, list[str], int]]:
+    """py-spy's raw samples as ``(process, frames outermost first, count)``; the process named by
+    role (``engine PID``, ``front end PID``); samples waiting in select/epoll left out."""
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         parts = stack.split(";")
@@ -83,11 +82,70 @@ def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
             proc = "front end " + proc.split(":", 1)[0].removeprefix("process ")
         if "select" in parts[-1] or "epoll" in parts[-1]:  # waiting, not working
             continue
-        busy[proc] += int(count)
-        leaves[proc][parts[-1]] += int(count)
+        yield proc, parts, int(count)
+
+
+#: The parts of a front end's request path, each named by substrings of its frames (py-spy's
+#: ``function (file:line)``, or a C function's name with ``--native``). A sample belongs to the
+#: part of its innermost frame that names one: JSON encoded inside the route is "JSON", the
+#: route's own lines are "request path".
+FRONT_END_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("cyclic GC", ("gc_collect",)),
+    ("response send (syscall; loopback delivers to the client)", ("_Transport.write",)),
+    ("reading the digit (models.prepare)", ("models/prepare.py",)),
+    ("PNG decoding (torchvision)", ("torch/_ops.py", "service/common/decode.py")),
+    ("multipart parsing", ("python_multipart/", "service/frontend/multipart.py")),
+    ("JSON encoding", ("json/encoder.py",)),
+    ("Prometheus metrics", ("prometheus_client/", "service/common/metrics.py")),
+    ("engine round trip (arena, record, socket, answer)",
+     ("engine_client.py", "service/common/wire.py", "service/common/shm.py")),
+    ("answer rows (models.serving)", ("models/serving.py",)),
+    ("request path (route, pipeline, options)",
+     ("service/frontend/routes/", "service/frontend/pipeline.py", "service/frontend/review_queue.py",
+      "service/common/model_info.py", "service/frontend/deps.py")),
+    ("HTTP and ASGI (uvicorn, Starlette, the service's middleware)",
+     ("uvicorn/", "starlette/", "service/frontend/middleware.py", "service/frontend/http_protocol.py")),
+    ("event loop (asyncio, uvloop)", ("asyncio/", "uvloop")),
+)  # fmt: skip
+
+
+def front_end_parts(raw: Path, us_per_request: dict[str, float] | None = None) -> str:
+    """Per front end: the share of its samples in each of :data:`FRONT_END_PARTS` (and "other"),
+    largest first; with ``us_per_request`` (per process, as named here: its CPU µs per request,
+    measured unprofiled) each share in µs as well."""
+    shares: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for proc, parts, count in _samples(raw):
+        if not proc.startswith("front end "):
+            continue
+        part = next(
+            (name for frame in reversed(parts) for name, marks in FRONT_END_PARTS
+             if any(mark in frame for mark in marks)),
+            "other",
+        )  # fmt: skip
+        shares[proc][part] += count
+    lines = []
+    for proc, counter in shares.items():
+        total = sum(counter.values())
+        lines.append(f"{proc}: samples by part of the request path")
+        for part, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
+            cpu = (us_per_request or {}).get(proc)
+            us = f"  ~{n / total * cpu:,.0f} µs" if cpu else ""
+            lines.append(f"    {100 * n / total:5.1f}%{us}  {part}")
+    return "\n".join(lines)
+
+
+def summarise(raw: Path, seconds: float, rate: int, top: int = 12) -> str:
+    """py-spy's raw samples -> per process: busy cores, the ``top`` frames by inclusive share, and
+    the ``top`` innermost frames (where the time was actually spent)."""
+    busy: collections.Counter[str] = collections.Counter()
+    frames: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    leaves: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for proc, parts, count in _samples(raw):
+        busy[proc] += count
+        leaves[proc][parts[-1]] += count
         for frame in set(parts):
             if not frame.startswith("process ") and not any(g in frame for g in _PLUMBING):
-                frames[proc][frame] += int(count)
+                frames[proc][frame] += count
     lines = []
     for proc, n in busy.most_common():
         lines.append(f"{proc[:90]}: {n / (seconds * rate):.2f} cores busy")
@@ -107,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="sampling time")
     parser.add_argument("--rate", type=int, default=200, help="samples per second")
     parser.add_argument("--raw", type=Path, default=None, help="keep py-spy's raw samples here")
+    parser.add_argument(
+        "--native", action="store_true",
+        help="sample C frames too (py-spy --native: libpng, the send syscall, the GC); py-spy "
+        "then pauses each process to sample it, so the req/s printed is lower than unprofiled",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     for tool in ("wrk", "py-spy"):
         if shutil.which(tool) is None:
@@ -134,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         threading.Event().wait(args.seconds)  # CPU per request measured without py-spy running
         after = thread_cpu(t.proc.pid)  # type: ignore[union-attr]
         subprocess.run(
-            ["py-spy", "record", "--pid", str(t.proc.pid), "--subprocesses", "--nonblocking",  # type: ignore[union-attr]
+            ["py-spy", "record", "--pid", str(t.proc.pid), "--subprocesses",  # type: ignore[union-attr]
+             "--native" if args.native else "--nonblocking",
              "--rate", str(args.rate), "--duration", str(round(args.seconds)), "--format", "raw",
              "--output", str(raw)],
             check=True, capture_output=True, timeout=args.seconds + 60,
@@ -145,8 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     r = load.get("r", {})
     print(f"{name} on {args.device}, c={args.conc}: {r.get('rps', float('nan')):,.0f} req/s, "
           f"p99 {r.get('p99', float('nan')):.1f} ms")  # fmt: skip
-    print(cpu_per_request(before, after, r.get("rps", float("nan")) * args.seconds))
+    requests = r.get("rps", float("nan")) * args.seconds
+    print(cpu_per_request(before, after, requests))
     print(summarise(raw, round(args.seconds), args.rate))
+    per_process: dict[str, float] = collections.Counter()
+    for (proc, tid), t1 in after.items():
+        per_process[proc] += (t1 - before.get((proc, tid), 0.0)) / requests * 1e6
+    print(front_end_parts(raw, per_process))
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

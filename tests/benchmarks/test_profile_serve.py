@@ -49,3 +49,38 @@ def test_cpu_per_request_divides_each_threads_cpu_by_the_requests() -> None:
         "engine 11 thread 15: 500 µs of CPU per request",
         "front end 12 main thread: 600 µs of CPU per request",
     ]
+
+
+def test_front_end_samples_go_to_the_part_of_their_innermost_named_frame(tmp_path: Path) -> None:
+    from benchmarks.profile_serve import front_end_parts
+
+    route = "predict (service/frontend/routes/predict.py:140)"
+    raw = tmp_path / "samples.txt"
+    raw.write_text(
+        "\n".join(
+            [
+                # JSON encoded inside the route is JSON's; the route's own line is the route's
+                f"{SUP};{FRONT};{route};JSONEncoder.encode (json/encoder.py:200) 30",
+                f"{SUP};{FRONT};{route} 10",
+                # the send under uvicorn's cycle is the send, not HTTP; a C leaf counts too
+                f"{SUP};{FRONT};RequestResponseCycle.send (uvicorn/h.py:9);"
+                "_Transport.write (service/frontend/http_protocol.py:104);write 40",
+                f"{SUP};{FRONT};{route};gc_collect_main 10",
+                f"{SUP};{FRONT};something (elsewhere.py:1) 10",
+                f"{SUP};{ENGINE};spawn_main (multiprocessing/spawn.py:122) 99",  # not a front end
+            ]
+        )
+        + "\n"
+    )
+    lines = front_end_parts(raw, {"front end 12": 500.0}).splitlines()
+    assert lines[0] == "front end 12: samples by part of the request path"
+    assert [line.split("µs  ")[-1] for line in lines[1:]] == [
+        "response send (syscall; loopback delivers to the client)",
+        "JSON encoding",
+        "cyclic GC",
+        "other",
+        "request path (route, pipeline, options)",
+    ]
+    assert lines[1].split() == ["40.0%", "~200", "µs", "response", "send", "(syscall;", "loopback",
+                                "delivers", "to", "the", "client)"]  # fmt: skip
+    assert not any("engine" in line for line in lines)
