@@ -29,12 +29,15 @@ from starlette.types import Receive, Scope, Send
 
 from benchmarks.serving import BOUNDARY, _free_port, _pngs, multipart, wrk
 
-#: ``/v1/predict``'s answer for one image, as long as the service's (its values do not matter here).
+#: ``/v1/predict``'s answer as sent (the default model's, top 5, for ``examples/digit-3.png``).
 ANSWER = (
-    b'{"model":"cnn4-lle-vgn-doe-mnist","model_version":"4.0.0","results":[{"prediction":7,'
-    b'"label":"7","probabilities":[{"class":7,"label":"7","p":0.9999873042106628},{"class":2,'
-    b'"label":"2","p":4.2e-06},{"class":3,"label":"3","p":3.1e-06}],"vgmu":0.99991,"snr":12345.6,'
-    b'"tu":0.0012,"au":0.0011,"eu":1.2e-07,"abstain":false,"abstain_k":14.1,"finding":"ok"}]}'
+    b'{"model":"cnn4-lle-vgn-doe-mnist","model_version":"4.0.0","results":[{"prediction":3,"la'
+    b'bel":"3","probabilities":[{"label":"3","probability":0.9996430277824402},{"label":"2","p'
+    b'robability":0.0003553604183252901},{"label":"0","probability":1.285300072595419e-06},{"l'
+    b'abel":"7","probability":1.3454626923703472e-07},{"label":"5","probability":8.09433444715'
+    b'0686e-08}],"vgmu":0.00035697221755981445,"snr":1117.5362548828125,"tu":0.001390713732689'
+    b'619,"au":0.0012732435716316104,"eu":0.00011747016105800867,"abstain":false,"abstain_k":1'
+    b'4.142309954592122,"input_check":"ok"}]}'
 )
 _HEAD = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
 
