@@ -98,9 +98,9 @@ def test_the_estimate_is_near_a_real_training_step() -> None:
 
     Measured by torch's own tracker of tensor storages (``MemTracker``, a dispatch mode), not by
     the process's peak resident memory, which this test used to read: for the same step that was
-    1,576 MiB on an idle 2-core box and 612 MiB in a CI run beside other tests (transparent huge
-    pages come and go with the box's memory state), so a bound on it failed by chance. Tensor
-    bytes are the same on every run: 1,523 MiB against 1,633 MiB estimated."""
+    1,576 MiB on an idle 2-core box and 612 MiB in a full ``pytest -n 2`` run, so a bound on it
+    failed by chance (why is not settled: not transparent huge pages, which the box does not use
+    here). Tensor bytes are the same on every run: 1,523 MiB against 1,633 MiB estimated."""
     code = (
         "import torch\n"
         "from torch.distributed._tools.mem_tracker import MemTracker\n"
