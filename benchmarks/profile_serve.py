@@ -70,12 +70,15 @@ def cpu_per_request(
 
 def _samples(raw: Path) -> Iterator[tuple[str, list[str], int]]:
     """py-spy's raw samples as ``(process, frames outermost first, count)``; the process named by
-    role (``engine PID``, ``front end PID``); samples waiting in select/epoll left out."""
+    role (``engine PID``, ``front end PID``); samples waiting in select/epoll, and multiprocessing's
+    resource tracker (blocked in ``read``, which ``--native`` shows as a C frame), left out."""
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         parts = stack.split(";")
         procs = [p for p in parts if p.startswith("process ")]
         proc = procs[-1] if procs else "?"  # the innermost: py-spy prefixes the parent chain
+        if "resource_tracker" in proc:  # multiprocessing's helper, not a role (as tree_roles)
+            continue
         if "spawn_main" in proc:
             proc = "engine " + proc.split(":", 1)[0].removeprefix("process ")
         elif len(procs) > 1:

@@ -68,6 +68,8 @@ def test_front_end_samples_go_to_the_part_of_their_innermost_named_frame(tmp_pat
                 f"{SUP};{FRONT};{route};gc_collect_main 10",
                 f"{SUP};{FRONT};something (elsewhere.py:1) 10",
                 f"{SUP};{ENGINE};spawn_main (multiprocessing/spawn.py:122) 99",  # not a front end
+                f'{SUP};process 13:"python -c from multiprocessing.resource_tracker import main;'
+                'main(8)";main (multiprocessing/resource_tracker.py:1);read 50',  # nor this
             ]
         )
         + "\n"
@@ -83,4 +85,4 @@ def test_front_end_samples_go_to_the_part_of_their_innermost_named_frame(tmp_pat
     ]
     assert lines[1].split() == ["40.0%", "~200", "µs", "response", "send", "(syscall;", "loopback",
                                 "delivers", "to", "the", "client)"]  # fmt: skip
-    assert not any("engine" in line for line in lines)
+    assert not any("engine" in line or "13" in line for line in lines)
