@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.profile_serve import thread_cpu
+from benchmarks.profile_serve import thread_cpu, us_per_request
 from benchmarks.serving import (
     BOUNDARY,
     REPO,
@@ -39,14 +39,13 @@ def cpu_split(
     """µs of CPU per request: engine loop (the engine's main thread), engine other threads, and
     all front ends, between two :func:`benchmarks.profile_serve.thread_cpu` snapshots."""
     out = {"engine loop": 0.0, "engine compute": 0.0, "front ends": 0.0}
-    for (process, tid), seconds in after.items():
-        used = seconds - before.get((process, tid), 0.0)
+    for (process, tid), used in us_per_request(before, after, requests).items():
         role, pid = process.rsplit(" ", 1)
         if role == "engine":
             out["engine loop" if int(pid) == tid else "engine compute"] += used
         elif role.startswith("front end"):
             out["front ends"] += used
-    return {k: 1e6 * v / requests for k, v in out.items()}
+    return out
 
 
 def _range(values: list[float], fmt: str = ",.0f") -> str:

@@ -17,7 +17,6 @@ end's CPU goes").
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from starlette.types import Receive, Scope, Send
 
+from benchmarks.engine import process_thread_cpu
 from benchmarks.serving import BOUNDARY, _free_port, _pngs, multipart, wrk
 
 #: ``/v1/predict``'s answer as sent (the default model's, top 5, for ``examples/digit-3.png``).
@@ -63,12 +63,6 @@ def serve(port: int) -> None:
                 access_log=False)  # fmt: skip
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds used so far by process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.asgi_floor")
     parser.add_argument("--conc", type=int, default=64, help="wrk connections")
@@ -96,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                         raise
                     time.sleep(0.2)
             wrk(url, body, ctype, "", args.conc, 2)  # warm-up
-            before = cpu_seconds(server.pid)
+            before = sum(process_thread_cpu(server.pid).values())
             r = wrk(url, body, ctype, "", args.conc, args.seconds)
-            used = cpu_seconds(server.pid) - before
+            used = sum(process_thread_cpu(server.pid).values()) - before
     finally:
         server.kill()
         server.wait()

@@ -34,7 +34,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _thread_cpu(pid: int) -> dict[int, float]:
+def process_thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds used so far by each thread of ``pid`` (``/proc``)."""
     ticks = os.sysconf("SC_CLK_TCK")
     out = {}
@@ -99,10 +99,10 @@ async def _drive(args: argparse.Namespace, socket_path: str, arenas: list[str], 
     await asyncio.sleep(args.warmup)
     rounds = []
     for _ in range(args.rounds):
-        cpu0, own0, n0, t0 = _thread_cpu(engine_pid), _own_cpu(), done, time.perf_counter()
+        cpu0, own0, n0, t0 = process_thread_cpu(engine_pid), _own_cpu(), done, time.perf_counter()
         images0, batches0 = _batch_sums(metrics_dir)
         await asyncio.sleep(args.seconds)
-        cpu1, own1, n1, t1 = _thread_cpu(engine_pid), _own_cpu(), done, time.perf_counter()
+        cpu1, own1, n1, t1 = process_thread_cpu(engine_pid), _own_cpu(), done, time.perf_counter()
         images1, batches1 = _batch_sums(metrics_dir)
         n = max(n1 - n0, 1)
         loop = cpu1.get(engine_pid, 0.0) - cpu0.get(engine_pid, 0.0)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.engine import process_thread_cpu
 from benchmarks.serving import BOUNDARY, _pngs, multipart, targets, tree_roles, wrk
 
 #: Frames every sample of a process passes through (start-up, thread and loop plumbing): left out
@@ -40,18 +40,21 @@ def thread_cpu(root: int) -> dict[tuple[str, int], float]:
     Keys are ``(process, tid)``: the process named by role (``engine PID``, ``front end PID``), as
     in :func:`summarise`; a process's main thread is the one whose tid is its pid.
     """
-    ticks = os.sysconf("SC_CLK_TCK")
     out: dict[tuple[str, int], float] = {}
     for role, child in tree_roles(root):
         try:
-            for task in Path(f"/proc/{child}/task").iterdir():
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-                out[(f"{role} {child}", int(task.name))] = (
-                    int(fields[11]) + int(fields[12])
-                ) / ticks
+            for tid, seconds in process_thread_cpu(child).items():
+                out[(f"{role} {child}", tid)] = seconds
         except FileNotFoundError:  # exited meanwhile
             continue
     return out
+
+
+def us_per_request(
+    before: dict[tuple[str, int], float], after: dict[tuple[str, int], float], requests: float
+) -> dict[tuple[str, int], float]:
+    """Per ``(process, tid)``, CPU µs per request between two :func:`thread_cpu` snapshots."""
+    return {key: (t1 - before.get(key, 0.0)) / requests * 1e6 for key, t1 in after.items()}
 
 
 def cpu_per_request(
@@ -60,8 +63,7 @@ def cpu_per_request(
     """Per process and thread, CPU µs per request between two :func:`thread_cpu` snapshots
     (threads under 1 µs/request left out): where a request's CPU goes, without a profiler."""
     lines = []
-    for (role, tid), t1 in sorted(after.items()):
-        used = (t1 - before.get((role, tid), 0.0)) / requests * 1e6
+    for (role, tid), used in sorted(us_per_request(before, after, requests).items()):
         if used >= 1:
             what = "main thread" if role.endswith(f" {tid}") else f"thread {tid}"
             lines.append(f"{role} {what}: {used:,.0f} µs of CPU per request")
@@ -112,10 +114,10 @@ FRONT_END_PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )  # fmt: skip
 
 
-def front_end_parts(raw: Path, us_per_request: dict[str, float] | None = None) -> str:
+def front_end_parts(raw: Path, cpu_us: dict[str, float] | None = None) -> str:
     """Per front end: the share of its samples in each of :data:`FRONT_END_PARTS` (and "other"),
-    largest first; with ``us_per_request`` (per process, as named here: its CPU µs per request,
-    measured unprofiled) each share in µs as well."""
+    largest first; with ``cpu_us`` (per process, as named here: its CPU µs per request, measured
+    unprofiled) each share in µs as well."""
     shares: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for proc, parts, count in _samples(raw):
         if not proc.startswith("front end "):
@@ -129,9 +131,9 @@ def front_end_parts(raw: Path, us_per_request: dict[str, float] | None = None) -
     lines = []
     for proc, counter in shares.items():
         total = sum(counter.values())
+        cpu = (cpu_us or {}).get(proc)
         lines.append(f"{proc}: samples by part of the request path")
         for part, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])):
-            cpu = (us_per_request or {}).get(proc)
             us = f"  ~{n / total * cpu:,.0f} µs" if cpu else ""
             lines.append(f"    {100 * n / total:5.1f}%{us}  {part}")
     return "\n".join(lines)
@@ -216,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     print(cpu_per_request(before, after, requests))
     print(summarise(raw, round(args.seconds), args.rate))
     per_process: dict[str, float] = collections.Counter()
-    for (proc, tid), t1 in after.items():
-        per_process[proc] += (t1 - before.get((proc, tid), 0.0)) / requests * 1e6
+    for (proc, _), used in us_per_request(before, after, requests).items():
+        per_process[proc] += used
     print(front_end_parts(raw, per_process))
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
