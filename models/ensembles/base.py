@@ -107,11 +107,16 @@ class BatchedHeads(nn.Module):
         self.dropout = nn.Dropout(spec.dropout)
         if not 0.0 < spec.subspace <= 1.0:
             raise ValueError(f"head subspace must be in (0, 1], got {spec.subspace}")
-        if spec.subspace < 1.0:
-            # member m reads `keep` features of its own, drawn once from the global RNG (seeded
-            # like the weights) and saved with them: (M, d_in, 1) zeros and ones
-            keep = max(1, round(spec.subspace * in_features))
-            chosen = torch.rand(members, in_features).argsort(dim=1)[:, :keep]
+        if spec.groups < 1 or in_features % spec.groups:
+            raise ValueError(f"{in_features} features do not split into {spec.groups} groups")
+        if spec.subspace < 1.0 or spec.groups > 1:
+            # member m reads `keep` features of its own block (block m mod groups; the whole
+            # vector when groups = 1), drawn once from the global RNG (seeded like the weights)
+            # and saved with them: (M, d_in, 1) zeros and ones
+            block = in_features // spec.groups
+            keep = max(1, round(spec.subspace * block))
+            chosen = torch.rand(members, block).argsort(dim=1)[:, :keep]
+            chosen = chosen + (torch.arange(members) % spec.groups).unsqueeze(1) * block
             mask = torch.zeros(members, in_features).scatter_(1, chosen, 1.0)
             self.register_buffer("feature_mask", mask.unsqueeze(-1))
         else:

@@ -5,6 +5,12 @@ Two blocks of two 3x3 convolutions with BatchNorm and ReLU, each followed by 2x2
 ReLU and dropout. The per-member head is a single linear layer 128 -> C (``HeadSpec(())``), so a
 last-layer ensemble of M heads costs M·128·C multiply-adds on top of the shared trunk.
 
+With ``branches`` > 1 (TreeNets, Lee et al. 2015) the second block, the feature layer and the
+heads split into independent towers after the shared first block (grouped convolutions): member
+m reads tower m mod branches only. Tried for issue 33 and not shipped (the default model's
+README, "separate towers"): towers raise the members' diversity but cost accuracy, and oneDNN's
+grouped convolutions make even a trunk with fewer multiply-adds slower to serve.
+
 Not from the paper (whose MNIST model is LeNet-5, SI S3.1, kept as a zoo entry): chosen because
 the LeNet-5 trunk's 16-dim bottleneck caps accuracy on the 5,600 bundled training digits at
 ≈0.96, while this trunk reaches ≥0.99 on the same data in a few CPU minutes.
@@ -19,12 +25,14 @@ from torch import Tensor, nn
 from .registry import Backbone, HeadSpec, register_backbone
 
 
-def _block(cin: int, cout: int) -> nn.Sequential:
+def _block(cin: int, cout: int, groups: int = 1) -> nn.Sequential:
+    # groups > 1: the second convolution is `groups` independent ones, each on its own share of
+    # the first's output channels (the branches of CNN4, below)
     return nn.Sequential(
         nn.Conv2d(cin, cout, 3, padding=1, bias=False),
         nn.BatchNorm2d(cout),
         nn.ReLU(inplace=True),
-        nn.Conv2d(cout, cout, 3, padding=1, bias=False),
+        nn.Conv2d(cout, cout, 3, padding=1, bias=False, groups=groups),
         nn.BatchNorm2d(cout),
         nn.ReLU(inplace=True),
         nn.MaxPool2d(2),
@@ -44,20 +52,49 @@ class CNN4(Backbone):
         head_hidden: int = 0,
         head_dropout: float = 0.0,
         head_subspace: float = 1.0,
+        branches: int = 1,
+        branch_width: int = 0,
     ) -> None:
         super().__init__()
-        self.features = nn.Sequential(
-            _block(in_channels, width),
-            _block(width, 2 * width),
-            nn.AdaptiveAvgPool2d(7),  # 7x7 for 28x28 inputs; other sizes pool to the same grid
-            nn.Flatten(),
-        )
-        self.fc = nn.Sequential(
-            nn.Linear(2 * width * 49, hidden, bias=False),
-            nn.BatchNorm1d(hidden),
-            nn.Tanh() if fc_activation == "tanh" else nn.ReLU(inplace=True),
-            nn.Dropout(dropout),
-        )
+        activation = nn.Tanh() if fc_activation == "tanh" else nn.ReLU(inplace=True)
+        if branches == 1:
+            self.features = nn.Sequential(
+                _block(in_channels, width),
+                _block(width, 2 * width),
+                nn.AdaptiveAvgPool2d(7),  # 7x7 for 28x28 inputs; other sizes pool to the same grid
+                nn.Flatten(),
+            )
+            self.fc = nn.Sequential(
+                nn.Linear(2 * width * 49, hidden, bias=False),
+                nn.BatchNorm1d(hidden),
+                activation,
+                nn.Dropout(dropout),
+            )
+        else:
+            # Branches (TreeNets, Lee et al. 2015): the first block is shared; from the second
+            # block on, `branches` independent towers of `branch_width` channels each (a grouped
+            # convolution), each with its own hidden/branches features (a grouped 7x7
+            # convolution over the pooled map: a fully connected layer per branch), and member m
+            # reads branch m mod branches only. Members in different branches do not share the
+            # features they classify from, so they can disagree off the data as separately
+            # trained networks do, at a fraction of a deep ensemble's cost.
+            if branches < 1:
+                raise ValueError(f"branches must be >= 1, got {branches}")
+            if hidden % branches:
+                raise ValueError(f"hidden ({hidden}) must be a multiple of branches ({branches})")
+            towers = branches * (branch_width or 2 * width // branches)
+            self.features = nn.Sequential(
+                _block(in_channels, width),
+                _block(width, towers, groups=branches),
+                nn.AdaptiveAvgPool2d(7),
+            )
+            self.fc = nn.Sequential(
+                nn.Conv2d(towers, hidden, 7, bias=False, groups=branches),  # (B, hidden, 1, 1)
+                nn.BatchNorm2d(hidden),
+                activation,
+                nn.Flatten(),
+                nn.Dropout(dropout),
+            )
         self.out_features = hidden
         # head_hidden > 0: each member gets its own hidden layer (hidden -> head_hidden -> C, Tanh,
         # dropout), like LeNet-5's 120 -> 84 -> C heads: independent nonlinear heads disagree more
@@ -68,6 +105,7 @@ class CNN4(Backbone):
             activation="tanh",
             dropout=head_dropout,
             subspace=head_subspace,
+            groups=branches,
         )
 
     def forward(self, x: Tensor) -> Tensor:

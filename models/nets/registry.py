@@ -41,6 +41,9 @@ class HeadSpec:
     # (the random subspace method, Ho 1998), so members differ in what they are built from, not
     # only in their initial weights; 1.0 = every member reads every feature
     subspace: float = 1.0
+    # > 1: the features are `groups` equal blocks (a branched backbone's towers) and member m
+    # reads block m mod groups only (with subspace < 1: a random share of that block)
+    groups: int = 1
 
 
 class Backbone(nn.Module):

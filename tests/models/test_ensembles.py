@@ -137,6 +137,46 @@ def test_subspace_heads_each_read_their_own_features():
         BatchedHeads(4, 12, 3, HeadSpec(subspace=0.0))
 
 
+def test_grouped_heads_read_only_their_own_block():
+    """HeadSpec.groups: member m reads block m mod groups of the features and nothing else; with
+    subspace < 1, a random share of that block."""
+    torch.manual_seed(0)
+    heads = BatchedHeads(6, 12, 3, HeadSpec(groups=3))
+    mask = heads.feature_mask[..., 0].bool()  # (M, F)
+    for m in range(6):
+        assert mask[m].nonzero().flatten().tolist() == list(range(4 * (m % 3), 4 * (m % 3) + 4))
+    halves = BatchedHeads(4, 12, 3, HeadSpec(groups=2, subspace=0.5)).feature_mask[..., 0].bool()
+    assert halves.sum(1).tolist() == [3, 3, 3, 3]
+    assert not halves[0, 6:].any() and not halves[1, :6].any() and not halves[2, 6:].any()
+    with pytest.raises(ValueError, match="do not split into 5 groups"):
+        BatchedHeads(4, 12, 3, HeadSpec(groups=5))
+
+
+def test_branched_cnn4_members_see_only_their_own_tower():
+    """CNN4(branches=2): the first block is shared, member m's answer depends on tower m mod 2
+    only (its convolutions, its feature layer), and the served fold answers the same."""
+    from models.nets import create_backbone
+    from models.nets.fold import fold_batchnorm
+
+    torch.manual_seed(0)
+    model = LastLayerEnsemble(create_backbone("cnn4", hidden=16, branches=2, branch_width=8), 10, 4)
+    model.eval()
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        before = model.member_log_probs(x)
+        # the second block's grouped convolution: output channels 8..15 are tower 1
+        model.backbone.features[1][3].weight[8:] += 1.0
+        after = model.member_log_probs(x)
+    torch.testing.assert_close(after[:, 0::2], before[:, 0::2])  # even members: tower 0
+    assert (after[:, 1::2] - before[:, 1::2]).abs().max() > 1e-3
+    with torch.no_grad():
+        unfolded = model(x).q
+        assert fold_batchnorm(model) == 5  # four convolutions and the grouped feature layer
+        torch.testing.assert_close(model(x).q, unfolded, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="multiple of branches"):
+        create_backbone("cnn4", hidden=15, branches=2)
+
+
 def test_lle_shares_backbone_and_scales_to_100_heads():
     torch.manual_seed(0)
     lle = build_ensemble("lle", "lenet5", 10, 100, vgn=True).eval()
