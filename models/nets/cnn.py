@@ -8,8 +8,8 @@ last-layer ensemble of M heads costs M·128·C multiply-adds on top of the share
 With ``branches`` > 1 (TreeNets, Lee et al. 2015) the second block, the feature layer and the
 heads split into independent towers after the shared first block (grouped convolutions): member
 m reads tower m mod branches only. Tried for issue 33 and not shipped (the default model's
-README, "separate towers"): towers raise the members' diversity but cost accuracy, and oneDNN's
-grouped convolutions make even a trunk with fewer multiply-adds slower to serve.
+README, "separate towers"): towers raised the members' diversity but cost accuracy and deferred
+fewer letters and overlaid digits.
 
 Not from the paper (whose MNIST model is LeNet-5, SI S3.1, kept as a zoo entry): chosen because
 the LeNet-5 trunk's 16-dim bottleneck caps accuracy on the 5,600 bundled training digits at
