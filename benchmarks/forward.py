@@ -48,12 +48,14 @@ def compare(names: list[str], threads: int, batch: int, rounds: int) -> list[flo
 
     predictors = [Predictor.from_dir(model_dir(n), "cpu") for n in names]
     digits = load_holdout_mnist()[0][:batch]  # (B, 28, 28) uint8
+    # each model's input as it serves it: (B, Cin, H', W'), prepared once
+    inputs = [
+        torch.stack([p.prepare(torch.from_numpy(d)[None]) for d in digits]) for p in predictors
+    ]
     times: list[list[float]] = [[] for _ in names]
     for _ in range(rounds):
         for i, p in enumerate(predictors):
-            cin, (h, w) = p.card.in_channels, p.card.input_size
-            x = torch.stack([p.prepare(torch.from_numpy(d)[None]) for d in digits])
-            times[i].append(_us_per_image(p.module, x.reshape(-1, cin, h, w), threads))
+            times[i].append(_us_per_image(p.module, inputs[i], threads))
     medians = [statistics.median(t) for t in times]
     print(f"| model | served µs/image ({threads} thread(s), batch {batch}) | rounds | × first |")
     print("|---|---:|---|---:|")
