@@ -160,6 +160,16 @@ class TrainConfig(ArchitectureSpec):
         "likelihood leaves them free; the reported train_loss includes the term and can fall "
         "below 0; 0 = none",
     )
+    member_bootstrap: Literal["none", "poisson", "half"] = Field(
+        "none",
+        description="bagging of the members on the digits (Breiman 1996; the per-member "
+        "bootstrap weights of issue 33's options): every training digit i gets a fixed weight "
+        "w_im per member m, drawn once per run, and the mixture NLL weights member m's share "
+        "of digit i by it (models/training/loss.py), so each member fits its own resample and "
+        "members differ where the data is thin: none | poisson (w ~ Poisson(1), Oza's "
+        "bootstrap; 37 % of digits unseen by a member) | half (w in {0, 2}, each digit seen "
+        "by a random half of the members)",
+    )
     outlier_exposure: float = Field(
         0.0,
         ge=0,

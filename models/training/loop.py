@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from models.data import DataBundle
 
+from .bootstrap import Indexed, bootstrap_weights
 from .config import TrainConfig
 from .data import TrainLoader, load_data, train_loader
 from .events import EventFn, Progress
@@ -95,6 +96,7 @@ class _Run:
     init: dict[str, Any] | None = None  # the model whose weights started the run (init_from)
     outliers: OutlierExposure | None = None  # outlier exposure (config.outlier_exposure > 0)
     ema: AveragedModel | None = None  # the weights' moving average (config.ema_decay > 0)
+    bagging: Tensor | None = None  # (N_train, M) bagging weights (config.member_bootstrap)
 
     @property
     def evaluated(self) -> nn.Module:
@@ -111,7 +113,11 @@ class _Run:
         model = config.build(bundle.num_classes, bundle.in_channels).to(rt.device)
         init = load_init(config, model, bundle) if config.init_from is not None else None
         net = wrap_ddp(model, rt)
-        loader = train_loader(bundle.train, config, rt)
+        bagging = bootstrap_weights(
+            len(bundle.train), config.members, config.member_bootstrap, config.seed
+        )
+        train_set = bundle.train if bagging is None else Indexed(bundle.train)
+        loader = train_loader(train_set, config, rt)
         opt = build_optimisation(config, model, len(loader))
         augment = Augmenter.for_run(config, bundle, rt.rank) if config.augment else None
         progress = Progress(emit, config.model_name(), config.epochs, len(loader), rt)
@@ -140,6 +146,7 @@ class _Run:
             init=init,
             outliers=outliers,
             ema=ema,
+            bagging=bagging,
         )
 
     def train_epoch(self, epoch: int, should_stop: StopFn | None) -> float | None:
@@ -148,7 +155,8 @@ class _Run:
         self.loader.set_epoch(epoch)
         self.net.train()
         loss_sum, n_seen = 0.0, 0
-        for x, y in self.loader:
+        for x, y, *index in self.loader:  # the index: only with bagging (bootstrap.Indexed)
+            weights = self.bagging[index[0]] if self.bagging is not None else None
             loss = train_step(
                 self.net,
                 x,
@@ -159,6 +167,7 @@ class _Run:
                 self.augment,
                 self.outliers,
                 self.config.member_repulsion,
+                weights,
             )
             if self.ema is not None:
                 self.ema.update_parameters(self.model)

@@ -19,12 +19,26 @@ from models.ensembles import EnsembleOutput
 __all__ = ["digit_loss", "member_variance", "mixture_nll"]
 
 
-def mixture_nll(out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str = "mixture") -> Tensor:
+def mixture_nll(
+    out: EnsembleOutput,
+    log_p: Tensor,
+    y: Tensor,
+    loss: str = "mixture",
+    weights: Tensor | None = None,
+) -> Tensor:
     """Training loss, mean over the batch. ``log_p`` member log-probs (B, M, C), ``y`` (B,).
 
     VGN (``out.q`` given): ``-log q̄_y``. Otherwise ``-log p̄_y`` with
     ``log p̄ = logsumexp_m log p_m - log M`` (stable), or the mean member CE for ``loss="members"``.
+
+    ``weights`` (B, M): each digit's bagging weights (:mod:`~.bootstrap`); the mean over the
+    members becomes the weighted mean ``Σ_m w_m q_m / Σ_m w_m`` (the member CE's mean likewise),
+    and a digit with every weight 0 is left out of the batch mean. Equal weights give the
+    unweighted loss. On a VGN model a member with weight 0 still moves the others' gate (the
+    gate reads every member's spread), so only its own likelihood term is dropped.
     """
+    if weights is not None:
+        return _weighted_nll(out, log_p, y, loss, weights)
     if out.q is not None:
         q_bar = out.q.mean(dim=1)  # (B, C)
         return -torch.log(q_bar.gather(1, y[:, None]).squeeze(1).clamp_min(1e-12)).mean()
@@ -33,6 +47,24 @@ def mixture_nll(out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str = "mixt
         return F.nll_loss(log_p.reshape(b * m, c), y.repeat_interleave(m))
     log_mix = torch.logsumexp(log_p, dim=1) - math.log(log_p.shape[1])  # (B, C)
     return F.nll_loss(log_mix, y)
+
+
+def _weighted_nll(
+    out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str, weights: Tensor
+) -> Tensor:
+    """:func:`mixture_nll` with bagging weights ``(B, M)``."""
+    keep = weights.sum(dim=1) > 0  # (B,)
+    if not bool(keep.any()):
+        return log_p.sum() * 0.0  # no member drew any digit of this batch: nothing to fit
+    w = weights[keep] / weights[keep].sum(dim=1, keepdim=True)  # (B', M), rows sum to 1
+    y = y[keep][:, None, None].expand(-1, log_p.shape[1], 1)  # (B', M, 1)
+    if out.q is not None:
+        q_y = out.q[keep].gather(2, y).squeeze(2)  # (B', M)
+        return -torch.log((w * q_y).sum(dim=1).clamp_min(1e-12)).mean()
+    log_p_y = log_p[keep].gather(2, y).squeeze(2)  # (B', M)
+    if loss == "members":
+        return -(w * log_p_y).sum(dim=1).mean()
+    return -torch.logsumexp(log_p_y + torch.log(w), dim=1).mean()
 
 
 def member_variance(p: Tensor) -> Tensor:
@@ -44,7 +76,12 @@ def member_variance(p: Tensor) -> Tensor:
 
 
 def digit_loss(
-    out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str = "mixture", repulsion: float = 0.0
+    out: EnsembleOutput,
+    log_p: Tensor,
+    y: Tensor,
+    loss: str = "mixture",
+    repulsion: float = 0.0,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """:func:`mixture_nll` minus ``repulsion`` x :func:`member_variance` of the members' ``p``.
 
@@ -53,6 +90,7 @@ def digit_loss(
     and the term pushes them apart there (``TrainConfig.member_repulsion``; 0 = the NLL alone).
     On a VGN model the NLL is of the gated mean q̄ while the term is of the ungated ``p`` (the
     diversity the card reports): the gate then shrinks what the spread costs the likelihood.
+    ``weights``: the digits' bagging weights (:func:`mixture_nll`).
     """
-    nll = mixture_nll(out, log_p, y, loss)
+    nll = mixture_nll(out, log_p, y, loss, weights)
     return nll - repulsion * member_variance(out.p) if repulsion else nll

@@ -241,10 +241,17 @@ class OutlierExposure:
         return loss / out.p.shape[0]
 
     def loss(
-        self, net: nn.Module, x: Tensor, y: Tensor, loss_kind: str, repulsion: float = 0.0
+        self,
+        net: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        loss_kind: str,
+        repulsion: float = 0.0,
+        weights: Tensor | None = None,
     ) -> Tensor:
         """The digits' training loss (:func:`~.loss.digit_loss`, ``repulsion`` its
-        negative-correlation weight) plus ``weight`` × the outliers' loss.
+        negative-correlation weight, ``weights`` their bagging weights) plus ``weight`` × the
+        outliers' loss.
 
         Digits and outliers go through one forward pass, and every BatchNorm layer normalises
         the whole batch with the statistics of its digits alone, and tracks those alone
@@ -264,7 +271,7 @@ class OutlierExposure:
         id_out = EnsembleOutput(out.p[:b], None if out.q is None else out.q[:b])
         ood_out = EnsembleOutput(out.p[b:], None if out.q is None else out.q[b:])
         return digit_loss(
-            id_out, log_p[:b], y, loss_kind, repulsion
+            id_out, log_p[:b], y, loss_kind, repulsion, weights
         ) + self.weight * self.outlier_loss(ood_out, log_p[b:])
 
 

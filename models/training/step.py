@@ -204,17 +204,21 @@ def train_step(
     augment: Augmenter | None = None,
     outliers: OutlierExposure | None = None,
     repulsion: float = 0.0,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """Forward, loss, backward and optimiser step on one batch; returns the (detached) loss.
     With ``outliers`` the loss adds outlier exposure (:mod:`models.training.outliers`);
-    ``repulsion`` is the digits' negative-correlation weight (:func:`~.loss.digit_loss`)."""
+    ``repulsion`` is the digits' negative-correlation weight and ``weights`` (B, M) their
+    bagging weights (:func:`~.loss.digit_loss`)."""
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    if weights is not None:
+        weights = weights.to(device, non_blocking=True)
     if augment is not None:  # training batches only; validation/test never pass here
         x = augment(x)
     if outliers is not None:
-        loss = outliers.loss(net, x, y, loss_kind, repulsion)
+        loss = outliers.loss(net, x, y, loss_kind, repulsion, weights)
     else:
         out, log_p = net(x, return_log_p=True)
-        loss = digit_loss(out, log_p, y, loss_kind, repulsion)
+        loss = digit_loss(out, log_p, y, loss_kind, repulsion, weights)
     opt.step(loss)
     return loss.detach()

@@ -123,6 +123,71 @@ def test_repulsion_pushes_members_apart():
     assert same.grad is not None and same.grad.abs().max().item() == 0.0
 
 
+def test_bagging_weights_in_the_loss_by_hand():
+    """Two members, two classes, p_y = 0.8 and 0.4: equal weights give the unweighted loss;
+    weights (3, 1) give -log(0.75 * 0.8 + 0.25 * 0.4) = -log 0.7; a digit no member drew is
+    left out; a member of weight 0 gets no gradient from the digit (no VGN)."""
+    p = torch.tensor([[[0.8, 0.2], [0.4, 0.6]], [[0.5, 0.5], [0.1, 0.9]]])
+    y = torch.tensor([0, 1])
+    out = EnsembleOutput(p, None)
+    for kind in ("mixture", "members"):
+        plain = mixture_nll(out, p.log(), y, kind).item()
+        assert mixture_nll(out, p.log(), y, kind, torch.ones(2, 2) * 2).item() == pytest.approx(
+            plain
+        )
+    w = torch.tensor([[3.0, 1.0], [0.0, 0.0]])
+    assert mixture_nll(out, p.log(), y, weights=w).item() == pytest.approx(-math.log(0.7))
+    assert mixture_nll(out, p.log(), y, "members", w).item() == pytest.approx(
+        -(0.75 * math.log(0.8) + 0.25 * math.log(0.4))
+    )
+    q = torch.tensor([[[0.6, 0.4], [0.2, 0.8]]])  # VGN: the gated members' weighted mean
+    got = mixture_nll(EnsembleOutput(p[:1], q), p[:1].log(), y[:1], weights=w[:1])
+    assert got.item() == pytest.approx(-math.log(0.75 * 0.6 + 0.25 * 0.2))
+    logits = torch.randn(1, 2, 2, requires_grad=True)
+    log_p = torch.log_softmax(logits, -1)
+    mixture_nll(
+        EnsembleOutput(log_p.exp(), None), log_p, y[:1], weights=torch.tensor([[1.0, 0.0]])
+    ).backward()
+    assert logits.grad is not None
+    assert logits.grad[0, 1].abs().max().item() == 0.0 and logits.grad[0, 0].abs().max() > 0
+    nothing = mixture_nll(out, p.log(), y, weights=torch.zeros(2, 2))
+    assert nothing.item() == 0.0
+
+
+def test_bagging_weights_are_fixed_per_run_and_differ_by_kind():
+    from models.training.bootstrap import Indexed, bootstrap_weights
+
+    assert bootstrap_weights(5, 3, "none", 1) is None
+    a, b = bootstrap_weights(4000, 10, "poisson", 1), bootstrap_weights(4000, 10, "poisson", 1)
+    assert a is not None and b is not None and torch.equal(a, b)
+    assert not torch.equal(a, bootstrap_weights(4000, 10, "poisson", 2))
+    assert a.mean().item() == pytest.approx(1.0, abs=0.02)  # Poisson(1): mean 1, P(0) = e^-1
+    assert (a == 0).float().mean().item() == pytest.approx(math.exp(-1), abs=0.02)
+    half = bootstrap_weights(4000, 10, "half", 1)
+    assert half is not None and set(half.unique().tolist()) == {0.0, 2.0}
+    assert (half == 0).float().mean().item() == pytest.approx(0.5, abs=0.02)
+    with pytest.raises(ValueError, match="member_bootstrap"):
+        bootstrap_weights(5, 3, "jackknife", 1)
+    assert Indexed([("x", 7), ("z", 8)])[1] == ("z", 8, 1)
+    with pytest.raises(ValueError, match="member_bootstrap"):
+        TrainConfig(member_bootstrap="jackknife")
+
+
+def test_bagging_trains_every_member_on_its_own_resample(tmp_path):
+    """member_bootstrap: the run is recorded in the card and is not the unweighted run (same
+    seed and data), and a run of it is deterministic."""
+    cfg = TrainConfig(ensemble="lle", vgn=True, seed=3, member_bootstrap="half", **TINY)
+    train(cfg, tmp_path / "a")
+    train(cfg, tmp_path / "b")
+    plain = TrainConfig(ensemble="lle", vgn=True, seed=3, **TINY)
+    train(plain, tmp_path / "c")
+    (a, card), (b, _), (c, _) = (load_checkpoint(tmp_path / d) for d in "abc")
+    assert card.training["config"]["member_bootstrap"] == "half"
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
