@@ -7,7 +7,8 @@ last-layer ensemble of M heads costs M·128·C multiply-adds on top of the share
 
 With ``branches`` > 1 (TreeNets, Lee et al. 2015) the second block, the feature layer and the
 heads split into independent towers after the shared first block (grouped convolutions): member
-m reads tower m mod branches only. Tried for issue 33 and not shipped (the default model's
+m reads tower m mod branches only. With ``shared_stem=False`` the first block splits as well, so
+the towers share no weights: a deep ensemble of small CNN4s run as one grouped network. Tried for issue 33 and not shipped (the default model's
 README, "separate towers"): towers raised the members' diversity but cost accuracy and deferred
 fewer letters and overlaid digits.
 
@@ -25,11 +26,12 @@ from torch import Tensor, nn
 from .registry import Backbone, HeadSpec, register_backbone
 
 
-def _block(cin: int, cout: int, groups: int = 1) -> nn.Sequential:
+def _block(cin: int, cout: int, groups: int = 1, first_groups: int = 1) -> nn.Sequential:
     # groups > 1: the second convolution is `groups` independent ones, each on its own share of
-    # the first's output channels (the branches of CNN4, below)
+    # the first's output channels (the branches of CNN4, below); first_groups likewise for the
+    # first convolution (towers that share nothing: each reads its own share of the input)
     return nn.Sequential(
-        nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False, groups=first_groups),
         nn.BatchNorm2d(cout),
         nn.ReLU(inplace=True),
         nn.Conv2d(cout, cout, 3, padding=1, bias=False, groups=groups),
@@ -54,6 +56,7 @@ class CNN4(Backbone):
         head_subspace: float = 1.0,
         branches: int = 1,
         branch_width: int = 0,
+        shared_stem: bool = True,
     ) -> None:
         super().__init__()
         activation = nn.Tanh() if fc_activation == "tanh" else nn.ReLU(inplace=True)
@@ -83,9 +86,19 @@ class CNN4(Backbone):
             if hidden % branches:
                 raise ValueError(f"hidden ({hidden}) must be a multiple of branches ({branches})")
             towers = branches * (branch_width or 2 * width // branches)
+            # shared_stem False: the first block splits too (each tower gets width/branches of
+            # its channels; the first convolution reads the image, which every tower may share),
+            # so the towers share no weights at all: a deep ensemble of `branches` small CNN4s
+            # (Lakshminarayanan et al. 2017) in one module, run as grouped convolutions
+            if not shared_stem and width % branches:
+                raise ValueError(
+                    f"width ({width}) must be a multiple of branches ({branches}) "
+                    "when the towers do not share the first block (shared_stem: false)"
+                )
+            split = 1 if shared_stem else branches
             self.features = nn.Sequential(
-                _block(in_channels, width),
-                _block(width, towers, groups=branches),
+                _block(in_channels, width, groups=split),
+                _block(width, towers, groups=branches, first_groups=split),
                 nn.AdaptiveAvgPool2d(7),
             )
             self.fc = nn.Sequential(

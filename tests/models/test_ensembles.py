@@ -177,6 +177,40 @@ def test_branched_cnn4_members_see_only_their_own_tower():
         create_backbone("cnn4", hidden=15, branches=2)
 
 
+def test_cnn4_towers_without_a_shared_stem_are_a_deep_ensemble():
+    """shared_stem=False: every convolution after the image is grouped, so moving any weight of
+    tower 1 (here its first block's second convolution) leaves tower 0's members unchanged; the
+    fold still answers the same, and a width the towers cannot split is refused."""
+    from models.nets import create_backbone
+    from models.nets.fold import fold_batchnorm
+
+    torch.manual_seed(0)
+    net = create_backbone("cnn4", width=8, hidden=16, branches=2, branch_width=8, shared_stem=False)
+    model = LastLayerEnsemble(net, 10, 4)
+    model.eval()
+    x = torch.randn(3, 1, 28, 28)
+    convs = [m for m in net.features.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.groups for c in convs] == [1, 2, 2, 2]  # the image is read by every tower
+    with torch.no_grad():
+        before = model.member_log_probs(x)
+        net.features[0][3].weight[4:] += 1.0  # first block, second convolution: tower 1
+        after = model.member_log_probs(x)
+        torch.testing.assert_close(after[:, 0::2], before[:, 0::2])
+        assert (after[:, 1::2] - before[:, 1::2]).abs().max() > 1e-3
+        unfolded = model(x).q
+        assert fold_batchnorm(model) == 5
+        torch.testing.assert_close(model(x).q, unfolded, atol=1e-6, rtol=1e-5)
+    shared = create_backbone("cnn4", width=8, hidden=16, branches=2, branch_width=8)
+    assert [m.groups for m in shared.features.modules() if isinstance(m, torch.nn.Conv2d)] == [
+        1,
+        1,
+        1,
+        2,
+    ]
+    with pytest.raises(ValueError, match="shared_stem"):
+        create_backbone("cnn4", width=9, hidden=16, branches=2, shared_stem=False)
+
+
 def test_lle_shares_backbone_and_scales_to_100_heads():
     torch.manual_seed(0)
     lle = build_ensemble("lle", "lenet5", 10, 100, vgn=True).eval()
