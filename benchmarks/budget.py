@@ -8,21 +8,26 @@ The served rule defers an image when ``p1 − k·s1 ≤ p2 + k·s2`` (paper Sect
 SNR ``(p1 − p2) / (s1 + s2)`` is at most ``k``: one SNR ranking of the test digits and the suite's
 images therefore answers every ``k`` at once. ``--deferral`` picks the ``k`` that defers that
 share of the 1,600 test digits (the calibrated ``k`` aims at 4.5 % on the validation digits).
-Members ``q`` as served; suite images read as an upload is (``Predictor.prepare``). Printed
-only: how the default model's README compares recipes whose calibrated ``k`` moved.
+The members the model serves (``q`` with a gate, else ``p``); suite images read as an upload is
+(``Predictor.read``), and one in which the reading finds no digit is deferred at every ``k``, as
+the server answers it (its SNR counts as −∞). Printed only: how the default model's README
+compares recipes whose calibrated ``k`` moved.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sized
+from typing import cast
 
 import numpy as np
 import torch
 
 from benchmarks.peers import model_dir
-from models.data import load_dataset
+from models.data import load_dataset, normalise_uint8
 from models.data_ood.suite import ood_suite
 from models.predictor import Predictor
+from models.prepare import Finding
 from models.uncertainty.margin import margin_score
 
 #: issue 33's deferral targets of the two groups whose budget competes with the digits'
@@ -40,8 +45,25 @@ def budget(
 
 
 def _snr(predictor: Predictor, x: torch.Tensor) -> np.ndarray:
+    """SNR of the members the model serves, ``(B,)``; ``x`` normalised ``(B, Cin, H, W)``."""
     with torch.inference_mode():
-        return margin_score(predictor.forward(x).q, 1.0).snr.numpy()
+        out = predictor.forward(x)
+        members = out.q if predictor.options().members == "q" and out.q is not None else out.p
+        return margin_score(members, 1.0).snr.numpy()
+
+
+def _suite_snr(predictor: Predictor, images: np.ndarray) -> np.ndarray:
+    """SNR of uint8 ``(n, H, W)`` uploads as served: −∞ where the reading finds no digit."""
+    read = [predictor.read(torch.from_numpy(im)) for im in images]
+    x = torch.stack(
+        [
+            normalise_uint8(r.image, list(predictor.card.mean), list(predictor.card.std))
+            for r in read
+        ]
+    )
+    snr = _snr(predictor, x)
+    snr[[r.finding != Finding.ok for r in read]] = -np.inf
+    return snr
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     suite = ood_suite(args.per_group, args.seed, list(TARGETS))
     test = load_dataset("mnist-bundled").test
-    digits = torch.stack([test[i][0] for i in range(len(test))])  # (1600, 1, 28, 28)
+    digits = torch.stack([test[i][0] for i in range(len(cast(Sized, test)))])  # (1600, 1, 28, 28)
     head = " | ".join(
         f"{g} deferred at {args.deferral:.1%} of digits | digits deferred for {t:.0%} of {g}"
         for g, t in TARGETS.items()
@@ -65,8 +87,9 @@ def main(argv: list[str] | None = None) -> None:
         snr_digits = _snr(predictor, digits)
         cells = []
         for group, target in TARGETS.items():
-            x = torch.stack([predictor.prepare(torch.from_numpy(im)) for im in suite[group]])
-            got, need = budget(snr_digits, _snr(predictor, x), args.deferral, target)
+            got, need = budget(
+                snr_digits, _suite_snr(predictor, suite[group]), args.deferral, target
+            )
             cells += [f"{got:.1%}", f"{need:.1%}"]
         print(f"| {name} | {' | '.join(cells)} |")
 

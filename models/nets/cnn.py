@@ -8,8 +8,9 @@ last-layer ensemble of M heads costs M·128·C multiply-adds on top of the share
 With ``branches`` > 1 (TreeNets, Lee et al. 2015) the second block, the feature layer and the
 heads split into independent towers after the shared first block (grouped convolutions): member
 m reads tower m mod branches only. With ``shared_stem=False`` the first block splits as well, so
-the towers share no weights: a deep ensemble of small CNN4s run as one grouped network. Tried for issue 33 and not shipped (the default model's
-README, "separate towers"): towers raised the members' diversity but cost accuracy and deferred
+the towers share no weights: a deep ensemble of small CNN4s run as one grouped network. Both
+tried for issue 33 and not shipped (the default model's README, "separate towers" and "a deep
+ensemble of small CNNs"): they raised the members' diversity but cost accuracy and deferred
 fewer letters and overlaid digits.
 
 Not from the paper (whose MNIST model is LeNet-5, SI S3.1, kept as a zoo entry): chosen because
@@ -60,6 +61,8 @@ class CNN4(Backbone):
     ) -> None:
         super().__init__()
         activation = nn.Tanh() if fc_activation == "tanh" else nn.ReLU(inplace=True)
+        if branches == 1 and not shared_stem:
+            raise ValueError("shared_stem: false splits towers: it needs branches > 1")
         if branches == 1:
             self.features = nn.Sequential(
                 _block(in_channels, width),

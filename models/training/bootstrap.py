@@ -2,11 +2,12 @@
 and member, and the training set indexed so that a batch can look its weights up.
 
 Breiman's bagging (1996) fits every member on its own resample of the data; with a fixed weight
-``w_im`` per digit ``i`` and member ``m`` (Poisson(1) counts, or 0/2 for "every digit seen by
-half of the members") one pass over the data trains all members on their own resamples at once,
-and the mixture NLL weights member ``m``'s share of digit ``i`` by ``w_im``
-(:func:`models.training.loss.mixture_nll`). Members then differ where the data is thin, which
-is where an ensemble should disagree; on well-covered digits every resample says the same. The
+``w_im`` per digit ``i`` and member ``m`` (Poisson(1) counts, or 0/2: each member draws each
+digit with probability ½) one pass over the data trains all members at once: the mixture NLL
+takes each digit's mixture over the members that drew it, weighted by their counts (the
+per-member loss is exact bagging; :func:`models.training.loss.mixture_nll`). Members should then
+differ where the data is thin, which is where an ensemble should disagree; on well-covered
+digits every resample says the same. The
 weights are drawn once per run (from the config seed), not afresh every step: weights drawn
 anew every epoch average out to the full data for every member (the diversity would vanish).
 """

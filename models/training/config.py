@@ -165,10 +165,10 @@ class TrainConfig(ArchitectureSpec):
         description="bagging of the members on the digits (Breiman 1996; the per-member "
         "bootstrap weights of issue 33's options): every training digit i gets a fixed weight "
         "w_im per member m, drawn once per run, and the mixture NLL weights member m's share "
-        "of digit i by it (models/training/loss.py), so each member fits its own resample and "
-        "members differ where the data is thin: none | poisson (w ~ Poisson(1), Oza's "
-        "bootstrap; 37 % of digits unseen by a member) | half (w in {0, 2}, each digit seen "
-        "by a random half of the members)",
+        "of digit i by it (models/training/loss.py: each digit's mixture is over the members "
+        "that drew it, weighted by their counts), so members should differ where the data is "
+        "thin: none | poisson (w ~ Poisson(1); 37 % of digits unseen by a member) | half (w in "
+        "{0, 2}: each member draws each digit with probability 1/2); not for ensemble mcd",
     )
     outlier_exposure: float = Field(
         0.0,
@@ -289,6 +289,11 @@ class TrainConfig(ArchitectureSpec):
     def _consistent(self) -> TrainConfig:
         if self.vgn and self.loss == "members":
             raise ValueError("loss 'members' ignores the VGN layer; use loss 'mixture' with vgn")
+        if self.member_bootstrap != "none" and self.ensemble == "mcd":
+            raise ValueError(
+                "member_bootstrap weights members, and an mcd model trains one network (its "
+                "members are dropout samples at inference): use lle, mcd-lle or de, or none"
+            )
         if self.augment_read and not self.augment:
             raise ValueError("augment_read is part of the training augmentation: set augment")
         if self.augment_elastic and not self.augment:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
@@ -114,7 +114,7 @@ class _Run:
         init = load_init(config, model, bundle) if config.init_from is not None else None
         net = wrap_ddp(model, rt)
         bagging = bootstrap_weights(
-            len(bundle.train), config.members, config.member_bootstrap, config.seed
+            len(cast(Sized, bundle.train)), config.members, config.member_bootstrap, config.seed
         )
         train_set = bundle.train if bagging is None else Indexed(bundle.train)
         loader = train_loader(train_set, config, rt)

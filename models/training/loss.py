@@ -31,11 +31,14 @@ def mixture_nll(
     VGN (``out.q`` given): ``-log q̄_y``. Otherwise ``-log p̄_y`` with
     ``log p̄ = logsumexp_m log p_m - log M`` (stable), or the mean member CE for ``loss="members"``.
 
-    ``weights`` (B, M): each digit's bagging weights (:mod:`~.bootstrap`); the mean over the
-    members becomes the weighted mean ``Σ_m w_m q_m / Σ_m w_m`` (the member CE's mean likewise),
-    and a digit with every weight 0 is left out of the batch mean. Equal weights give the
-    unweighted loss. On a VGN model a member with weight 0 still moves the others' gate (the
-    gate reads every member's spread), so only its own likelihood term is dropped.
+    ``weights`` (B, M): each digit's bagging weights (:mod:`~.bootstrap`). With the mixture
+    (and VGN) the mean over the members becomes the weighted mean ``Σ_m w_m q_m / Σ_m w_m``:
+    each digit's mixture is over the members that drew it, weighted by their counts, and every
+    digit a member drew still counts once in the batch mean (a digit no member drew is left
+    out). With ``members`` it is bagging exactly: ``Σ_{i,m} w_im CE_im / Σ_{i,m} w_im``, each
+    member's cross-entropy over its own resample. Equal weights give the unweighted loss. On a
+    VGN model a member with weight 0 still moves the others' gate (the gate reads every
+    member's spread), so only its own likelihood term is dropped.
     """
     if weights is not None:
         return _weighted_nll(out, log_p, y, loss, weights)
@@ -53,17 +56,24 @@ def _weighted_nll(
     out: EnsembleOutput, log_p: Tensor, y: Tensor, loss: str, weights: Tensor
 ) -> Tensor:
     """:func:`mixture_nll` with bagging weights ``(B, M)``."""
+    if weights.shape != log_p.shape[:2]:
+        raise ValueError(
+            f"bagging weights {tuple(weights.shape)} do not match (B, M) of {tuple(log_p.shape)}"
+        )
     keep = weights.sum(dim=1) > 0  # (B,)
-    if not bool(keep.any()):
-        return log_p.sum() * 0.0  # no member drew any digit of this batch: nothing to fit
+    if not bool(keep.any()):  # no member drew any digit of this batch: nothing to fit (the
+        # graph still reaches every parameter the loss would, the VGN layer's k included, so
+        # DDP finds no unused parameter)
+        return (out.q if out.q is not None else log_p).sum() * 0.0
+    idx = y[keep][:, None, None].expand(-1, log_p.shape[1], 1)  # (B', M, 1)
+    if out.q is None and loss == "members":
+        w = weights[keep]
+        return -(w * log_p[keep].gather(2, idx).squeeze(2)).sum() / w.sum()
     w = weights[keep] / weights[keep].sum(dim=1, keepdim=True)  # (B', M), rows sum to 1
-    y = y[keep][:, None, None].expand(-1, log_p.shape[1], 1)  # (B', M, 1)
     if out.q is not None:
-        q_y = out.q[keep].gather(2, y).squeeze(2)  # (B', M)
+        q_y = out.q[keep].gather(2, idx).squeeze(2)  # (B', M)
         return -torch.log((w * q_y).sum(dim=1).clamp_min(1e-12)).mean()
-    log_p_y = log_p[keep].gather(2, y).squeeze(2)  # (B', M)
-    if loss == "members":
-        return -(w * log_p_y).sum(dim=1).mean()
+    log_p_y = log_p[keep].gather(2, idx).squeeze(2)  # (B', M)
     return -torch.logsumexp(log_p_y + torch.log(w), dim=1).mean()
 
 

@@ -18,7 +18,35 @@ def test_budget_by_hand() -> None:
     assert budget(digits, group, 0.50, 1.0) == pytest.approx((1.0, 0.5))
 
 
-def test_runs_on_the_default(capsys) -> None:
-    main(["cnn4-lle-vgn-doe-mnist", "--per-group", "20"])
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| cnn4")]
-    assert len(rows) == 1 and rows[0].count("%") == 4
+def test_snr_at_most_k_is_the_served_abstain() -> None:
+    """The ranking's premise: for every k, SNR ≤ k is exactly the served abstain flag."""
+    import torch
+
+    from models.uncertainty.margin import margin_score
+
+    torch.manual_seed(0)
+    members = torch.softmax(3 * torch.randn(4000, 10, 10), -1)
+    members[:5] = members[:5, :1]  # members that agree exactly: no spread
+    snr = margin_score(members, 1.0).snr
+    for k in (0.1, 0.5, 1.0, 1.22, 5.0, 14.14, 50.0):
+        assert torch.equal(snr <= k, margin_score(members, k).abstain)
+
+
+def test_runs_on_served_members_and_defers_unreadable_uploads(capsys) -> None:
+    """The default (a gate: q) and LeNet-5 (a gate too) give a row each; a blank upload has no
+    digit, so the reading defers it at every k (SNR −∞), as the server does."""
+    from benchmarks.budget import _suite_snr
+    from models.predictor import Predictor
+
+    main(["cnn4-lle-vgn-doe-mnist", "lenet5-lle-vgn-mnist", "--per-group", "20"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[0][2:] for r in rows] == [
+        "cnn4-lle-vgn-doe-mnist",
+        "lenet5-lle-vgn-mnist",
+    ]
+    assert all(r.count("%") == 4 for r in rows)
+    p = Predictor.from_dir("models/zoo/cnn4-lle-vgn-doe-mnist")
+    images = np.zeros((2, 28, 28), np.uint8)
+    images[1, 6:22, 13:15] = 255  # a stroke: a digit to read
+    snr = _suite_snr(p, images)
+    assert snr[0] == -np.inf and np.isfinite(snr[1])

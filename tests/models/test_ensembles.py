@@ -209,6 +209,8 @@ def test_cnn4_towers_without_a_shared_stem_are_a_deep_ensemble():
     ]
     with pytest.raises(ValueError, match="shared_stem"):
         create_backbone("cnn4", width=9, hidden=16, branches=2, shared_stem=False)
+    with pytest.raises(ValueError, match="needs branches > 1"):
+        create_backbone("cnn4", shared_stem=False)
 
 
 def test_lle_shares_backbone_and_scales_to_100_heads():

@@ -152,6 +152,13 @@ def test_bagging_weights_in_the_loss_by_hand():
     assert logits.grad[0, 1].abs().max().item() == 0.0 and logits.grad[0, 0].abs().max() > 0
     nothing = mixture_nll(out, p.log(), y, weights=torch.zeros(2, 2))
     assert nothing.item() == 0.0
+    # the per-member loss is exact bagging: each member's CE over its own resample, counts kept
+    # (digit 0 once in each member, digit 1 twice in member 0: p_y = 0.8, 0.4; 0.5)
+    bag = mixture_nll(out, p.log(), y, "members", torch.tensor([[1.0, 1.0], [2.0, 0.0]]))
+    want = -(math.log(0.8) + math.log(0.4) + 2 * math.log(0.5)) / 4
+    assert bag.item() == pytest.approx(want)
+    with pytest.raises(ValueError, match="do not match"):
+        mixture_nll(out, p.log(), y, weights=torch.ones(2, 3))
 
 
 def test_bagging_weights_are_fixed_per_run_and_differ_by_kind():
@@ -171,11 +178,13 @@ def test_bagging_weights_are_fixed_per_run_and_differ_by_kind():
     assert Indexed([("x", 7), ("z", 8)])[1] == ("z", 8, 1)
     with pytest.raises(ValueError, match="member_bootstrap"):
         TrainConfig(member_bootstrap="jackknife")
+    with pytest.raises(ValueError, match="mcd model trains one network"):
+        TrainConfig(ensemble="mcd", member_bootstrap="poisson")
 
 
 def test_bagging_trains_every_member_on_its_own_resample(tmp_path):
-    """member_bootstrap: the run is recorded in the card and is not the unweighted run (same
-    seed and data), and a run of it is deterministic."""
+    """member_bootstrap: the run is recorded in the card, is deterministic, and is not the
+    unweighted run (same seed and data). The losses themselves are pinned by hand above."""
     cfg = TrainConfig(ensemble="lle", vgn=True, seed=3, member_bootstrap="half", **TINY)
     train(cfg, tmp_path / "a")
     train(cfg, tmp_path / "b")
