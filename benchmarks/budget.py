@@ -8,9 +8,9 @@ The served rule defers an image when ``p1 − k·s1 ≤ p2 + k·s2`` (paper Sect
 SNR ``(p1 − p2) / (s1 + s2)`` is at most ``k``: one SNR ranking of the test digits and the suite's
 images therefore answers every ``k`` at once. ``--deferral`` picks the ``k`` that defers that
 share of the 1,600 test digits (the calibrated ``k`` aims at 4.5 % on the validation digits).
-The members the model serves (``q`` with a gate, else ``p``); suite images read as an upload is
-(``Predictor.read``), and one in which the reading finds no digit is deferred at every ``k``, as
-the server answers it (its SNR counts as −∞). Printed only: how the default model's README
+The SNR of the served decision (``Predictor.score_columns``: the model's served members); suite
+images answered as an upload is (``Predictor.predict``), and one in which the reading finds no
+digit is deferred at every ``k``, as the server answers it (its SNR counts as −∞). Printed only: how the default model's README
 compares recipes whose calibrated ``k`` moved.
 """
 
@@ -24,11 +24,9 @@ import numpy as np
 import torch
 
 from benchmarks.peers import model_dir
-from models.data import load_dataset, normalise_uint8
+from models.data import load_dataset
 from models.data_ood.suite import ood_suite
 from models.predictor import Predictor
-from models.prepare import Finding
-from models.uncertainty.margin import margin_score
 
 #: issue 33's deferral targets of the two groups whose budget competes with the digits'
 TARGETS = {"letters": 0.90, "overlaid_digits": 0.80}
@@ -45,25 +43,16 @@ def budget(
 
 
 def _snr(predictor: Predictor, x: torch.Tensor) -> np.ndarray:
-    """SNR of the members the model serves, ``(B,)``; ``x`` normalised ``(B, Cin, H, W)``."""
-    with torch.inference_mode():
-        out = predictor.forward(x)
-        members = out.q if predictor.options().members == "q" and out.q is not None else out.p
-        return margin_score(members, 1.0).snr.numpy()
+    """SNR of the served decision (the model's served members and rule), ``(B,)``; ``x``
+    normalised ``(B, Cin, H, W)``."""
+    return predictor.score_columns(predictor.forward(x), predictor.options()).column("snr")
 
 
 def _suite_snr(predictor: Predictor, images: np.ndarray) -> np.ndarray:
-    """SNR of uint8 ``(n, H, W)`` uploads as served: −∞ where the reading finds no digit."""
-    read = [predictor.read(torch.from_numpy(im)) for im in images]
-    x = torch.stack(
-        [
-            normalise_uint8(r.image, list(predictor.card.mean), list(predictor.card.std))
-            for r in read
-        ]
-    )
-    snr = _snr(predictor, x)
-    snr[[r.finding != Finding.ok for r in read]] = -np.inf
-    return snr
+    """SNR of uint8 ``(n, H, W)`` uploads answered as served (:meth:`Predictor.predict`): −∞
+    where the reading finds no digit, which the server defers at every ``k``."""
+    answers = predictor.predict([torch.from_numpy(im) for im in images])
+    return np.array([a["snr"] if a["input_check"] == "ok" else -np.inf for a in answers])
 
 
 def main(argv: list[str] | None = None) -> None:

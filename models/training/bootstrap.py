@@ -7,9 +7,9 @@ digit with probability ½) one pass over the data trains all members at once: th
 takes each digit's mixture over the members that drew it, weighted by their counts (the
 per-member loss is exact bagging; :func:`models.training.loss.mixture_nll`). Members should then
 differ where the data is thin, which is where an ensemble should disagree; on well-covered
-digits every resample says the same. The
-weights are drawn once per run (from the config seed), not afresh every step: weights drawn
-anew every epoch average out to the full data for every member (the diversity would vanish).
+digits every resample says the same. The weights are drawn once per run (from the config seed),
+not afresh every step: weights drawn anew every epoch average out to the full data for every
+member (the diversity would vanish).
 """
 
 from __future__ import annotations
