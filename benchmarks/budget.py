@@ -2,7 +2,8 @@
 defers for a given share of deferred digits, and the share of digits it must defer to reach
 issue 33's letters (90 %) and overlays (80 %) targets.
 
-    python -m benchmarks.budget NAME|DIR ... [--per-group 500] [--seed 0] [--deferral 0.045]
+    python -m benchmarks.budget NAME|DIR ... [--per-group 500] [--seeds 0 [1 2]] [--deferral 0.045]
+                                             [--scores snr [eu tu maxprob]]
 
 The served rule defers an image when ``p1 − k·s1 ≤ p2 + k·s2`` (paper Section 3.2), i.e. when its
 SNR ``(p1 − p2) / (s1 + s2)`` is at most ``k``: one SNR ranking of the test digits and the suite's
@@ -12,6 +13,13 @@ The SNR of the served decision (``Predictor.score_columns``: the model's served 
 images answered as an upload is (``Predictor.predict``), and one in which the reading finds no
 digit is deferred at every ``k``, as the server answers it (its SNR counts as −∞). Printed only: how the default model's README
 compares recipes whose calibrated ``k`` moved.
+
+``--scores`` ranks by other served scores too, each as a rule "defer the images scoring worst"
+at the same share of digits: ``eu`` and ``tu`` (paper Section 3.3, defer the highest) and
+``maxprob`` (the mean's top probability, defer the lowest; the softmax-margin baseline). The
+served rule is ``snr``; the others say whether a different rule over the same members would
+meet the targets — i.e. whether the limit is the rule or the ranking the members give.
+``--seeds`` draws the suite afresh for each seed (seed 0 is the one every card reports).
 """
 
 from __future__ import annotations
@@ -27,9 +35,14 @@ from benchmarks.peers import model_dir
 from models.data import load_dataset
 from models.data_ood.suite import ood_suite
 from models.predictor import Predictor
+from models.serving import ScoreColumns
 
 #: issue 33's deferral targets of the two groups whose budget competes with the digits'
 TARGETS = {"letters": 0.90, "overlaid_digits": 0.80}
+
+#: The rankings ``--scores`` offers, each as a served answer's key and its sign: every score is
+#: turned into an SNR-like one (deferred ⇔ at most a threshold) by that sign.
+SCORES = {"snr": ("snr", 1.0), "eu": ("eu", -1.0), "tu": ("tu", -1.0), "maxprob": ("p1", 1.0)}
 
 
 def budget(
@@ -42,45 +55,81 @@ def budget(
     return float((group <= k).mean()), float((digits <= need).mean())
 
 
-def _snr(predictor: Predictor, x: torch.Tensor) -> np.ndarray:
-    """SNR of the served decision (the model's served members and rule), ``(B,)``; ``x``
-    normalised ``(B, Cin, H, W)``."""
-    return predictor.score_columns(predictor.forward(x), predictor.options()).column("snr")
+def _column(columns: ScoreColumns, key: str) -> np.ndarray:
+    """A served column, or the mean's top probability for ``p1``."""
+    return columns.top_probabilities[:, 0] if key == "p1" else columns.column(key)
+
+
+def _ranks(predictor: Predictor, x: torch.Tensor, scores: list[str]) -> dict[str, np.ndarray]:
+    """Each of ``scores`` as an SNR-like ranking (deferred ⇔ at most a threshold) of the served
+    decision (the model's served members and rule), ``(B,)`` each; ``x`` normalised
+    ``(B, Cin, H, W)``."""
+    columns = predictor.score_columns(predictor.forward(x), predictor.options(top_k=1))
+    return {s: SCORES[s][1] * _column(columns, SCORES[s][0]) for s in scores}
 
 
 def _suite_snr(predictor: Predictor, images: np.ndarray) -> np.ndarray:
     """SNR of uint8 ``(n, H, W)`` uploads answered as served (:meth:`Predictor.predict`): −∞
     where the reading finds no digit, which the server defers at every ``k``."""
+    return _suite_ranks(predictor, images, ["snr"])["snr"]
+
+
+def _suite_ranks(
+    predictor: Predictor, images: np.ndarray, scores: list[str]
+) -> dict[str, np.ndarray]:
+    """:func:`_ranks` of uint8 ``(n, H, W)`` uploads answered as served
+    (:meth:`Predictor.predict`): −∞ where the reading finds no digit (deferred at every
+    threshold, as the server answers it)."""
     answers = predictor.predict([torch.from_numpy(im) for im in images])
-    return np.array([a["snr"] if a["input_check"] == "ok" else -np.inf for a in answers])
+    ok = np.array([a["input_check"] == "ok" for a in answers])
+
+    def value(a: dict, key: str) -> float:
+        return float(a["probabilities"][0]["probability"] if key == "p1" else a[key])
+
+    return {
+        s: np.where(ok, SCORES[s][1] * np.array([value(a, SCORES[s][0]) for a in answers]), -np.inf)
+        for s in scores
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", help="zoo names or trained directories")
     ap.add_argument("--per-group", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="suite draws")
     ap.add_argument("--deferral", type=float, default=0.045)
+    ap.add_argument("--scores", nargs="+", choices=list(SCORES), default=["snr"])
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    suite = ood_suite(args.per_group, args.seed, list(TARGETS))
+    suites = {seed: ood_suite(args.per_group, seed, list(TARGETS)) for seed in args.seeds}
     test = load_dataset("mnist-bundled").test
     digits = torch.stack([test[i][0] for i in range(len(cast(Sized, test)))])  # (1600, 1, 28, 28)
+    seeds = "/".join(map(str, args.seeds))
     head = " | ".join(
         f"{g} deferred at {args.deferral:.1%} of digits | digits deferred for {t:.0%} of {g}"
         for g, t in TARGETS.items()
     )
-    print(f"| model | {head} |\n|---|{'---|' * 2 * len(TARGETS)}")
+    print(f"suite seeds {seeds}: one value per seed")
+    print(f"| model | score | {head} |\n|---|---|{'---|' * 2 * len(TARGETS)}")
     for name in args.models:
         predictor = Predictor.from_dir(model_dir(name))
-        snr_digits = _snr(predictor, digits)
-        cells = []
-        for group, target in TARGETS.items():
-            got, need = budget(
-                snr_digits, _suite_snr(predictor, suite[group]), args.deferral, target
-            )
-            cells += [f"{got:.1%}", f"{need:.1%}"]
-        print(f"| {name} | {' | '.join(cells)} |")
+        ranks_digits = _ranks(predictor, digits, args.scores)
+        ranks_suite = {
+            (seed, g): _suite_ranks(predictor, suite[g], args.scores)
+            for seed, suite in suites.items()
+            for g in TARGETS
+        }
+        for score in args.scores:
+            cells = []
+            for group, target in TARGETS.items():
+                pairs = [
+                    budget(ranks_digits[score], ranks_suite[seed, group][score],
+                           args.deferral, target)
+                    for seed in args.seeds
+                ]  # fmt: skip
+                cells += ["/".join(f"{got:.1%}" for got, _ in pairs),
+                          "/".join(f"{need:.1%}" for _, need in pairs)]  # fmt: skip
+            print(f"| {name} | {score} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

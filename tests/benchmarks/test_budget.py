@@ -40,9 +40,9 @@ def test_runs_on_served_members_and_defers_unreadable_uploads(capsys) -> None:
 
     main(["cnn4-lle-vgn-doe-mnist", "lenet5-lle-vgn-mnist", "--per-group", "20"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
-    assert [r.split(" | ")[0][2:] for r in rows] == [
-        "cnn4-lle-vgn-doe-mnist",
-        "lenet5-lle-vgn-mnist",
+    assert [r.split(" | ")[:2] for r in rows] == [
+        ["| cnn4-lle-vgn-doe-mnist", "snr"],
+        ["| lenet5-lle-vgn-mnist", "snr"],
     ]
     assert all(r.count("%") == 4 for r in rows)
     p = Predictor.from_dir("models/zoo/cnn4-lle-vgn-doe-mnist")
@@ -50,3 +50,36 @@ def test_runs_on_served_members_and_defers_unreadable_uploads(capsys) -> None:
     images[1, 6:22, 13:15] = 255  # a stroke: a digit to read
     snr = _suite_snr(p, images)
     assert snr[0] == -np.inf and np.isfinite(snr[1])
+
+
+def test_other_scores_rank_as_rules_over_the_same_answers(capsys) -> None:
+    """Every score becomes "deferred ⇔ at most a threshold": SNR and the top probability as
+    served, EU and TU negated (the highest deferred first); an upload with no digit is −∞ under
+    every score. Two suite draws give two values a cell, and each score a row."""
+    import torch
+
+    from benchmarks.budget import _ranks, _suite_ranks
+    from models.predictor import Predictor
+
+    p = Predictor.from_dir("models/zoo/cnn4-lle-vgn-doe-mnist")
+    images = np.zeros((3, 28, 28), np.uint8)
+    images[1, 6:22, 13:15] = 255
+    images[2, 6:22, 6:22] = np.eye(16, dtype=np.uint8) * 255  # a diagonal stroke
+    scores = ["snr", "eu", "tu", "maxprob"]
+    ranks = _suite_ranks(p, images, scores)
+    answers = p.predict([torch.from_numpy(im) for im in images[1:]])
+    for i, a in enumerate(answers, start=1):
+        assert ranks["snr"][i] == a["snr"]
+        assert ranks["eu"][i] == -a["eu"] and ranks["tu"][i] == -a["tu"]
+        assert ranks["maxprob"][i] == a["probabilities"][0]["probability"]
+    assert all(ranks[s][0] == -np.inf for s in scores)
+    # the digits' ranking is the served decision's: the same values for the same pixels
+    x = torch.stack([p.prepare(torch.from_numpy(im)[None]) for im in images[1:]])
+    digits = _ranks(p, x, scores)
+    for s in scores:
+        assert digits[s] == pytest.approx(ranks[s][1:], rel=1e-9, abs=1e-12)
+
+    main(["cnn4-lle-vgn-doe-mnist", "--per-group", "20", "--seeds", "0", "1", "--scores", *scores])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [r.split(" | ")[1] for r in rows] == scores
+    assert all(r.count("%") == 8 and r.count("/") == 4 for r in rows)
