@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -16,8 +17,22 @@ from tests.service.conftest import Server  # noqa: E402
 NAMES = ["probabilities", "prediction", "vgmu", "snr", "tu", "au", "eu", "abstain"]
 
 
+#: The clients a test opened (:func:`_client`), closed after it: left to the GC, tritonclient's
+#: ``__del__`` can raise in a later test's collection pass (a PytestUnraisableExceptionWarning).
+_OPEN: list = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def _client(server: Server):  # noqa: ANN202
-    return tritonclient_http.InferenceServerClient(url=server.url.removeprefix("http://"))
+    client = tritonclient_http.InferenceServerClient(url=server.url.removeprefix("http://"))
+    _OPEN.append(client)
+    return client
 
 
 @pytest.mark.parametrize("binary", [True, False])
