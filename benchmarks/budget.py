@@ -6,7 +6,8 @@ issue 33's letters (90 %) and overlays (80 %) targets.
                                              [--scores snr [eu tu maxprob]]
 
 The served rule defers an image when ``p1 − k·s1 ≤ p2 + k·s2`` (paper Section 3.2), i.e. when its
-SNR ``(p1 − p2) / (s1 + s2)`` is at most ``k``: one SNR ranking of the test digits and the suite's
+SNR ``(p1 − p2) / (s1 + s2)`` is at most ``k`` (up to float rounding at equality, which the
+thresholds avoid: :func:`budget`): one SNR ranking of the test digits and the suite's
 images therefore answers every ``k`` at once. ``--deferral`` picks the ``k`` that defers that
 share of the 1,600 test digits (the calibrated ``k`` aims at 4.5 % on the validation digits).
 The SNR of the served decision (``Predictor.score_columns``: the model's served members); suite
@@ -49,10 +50,27 @@ def budget(
     digits: np.ndarray, group: np.ndarray, deferral: float, target: float
 ) -> tuple[float, float]:
     """``(share of group deferred at the k that defers `deferral` of digits, share of digits
-    deferred at the k that defers `target` of the group)``, from SNRs (deferred ⇔ SNR ≤ k)."""
-    k = np.quantile(digits, deferral, method="inverted_cdf")
+    deferred at the k that defers `target` of the group)``, from SNRs (deferred ⇔ SNR ≤ k).
+
+    The first k lies halfway between the digit that reaches the share and the next larger one
+    (as :func:`models.evaluation.calibration.calibrate_abstain_k` places the served k), so that no
+    digit sits on it: exactly at a sample's own SNR the served rule ``p̄1 − k s1 ≤ p̄2 + k s2``
+    and ``SNR ≤ k`` can disagree by float rounding (and the SNR's ``+ ε``). The second is the
+    group's own sample that reaches the target: the least k that does, which a digit equals only
+    by chance."""
+    k = _between(digits, deferral)
     need = np.quantile(group, target, method="inverted_cdf")
     return float((group <= k).mean()), float((digits <= need).mean())
+
+
+def _between(values: np.ndarray, share: float) -> float:
+    """A threshold under which exactly the lowest ``share`` of ``values`` (rounded up to whole
+    samples) lie: halfway from the last of them to the next larger value (+∞ past the top)."""
+    ordered = np.sort(values)
+    n = max(1, int(np.ceil(share * len(ordered) - 1e-9)))  # samples to defer (inverted_cdf)
+    last = ordered[n - 1]
+    above = ordered[ordered > last]
+    return float(last if not above.size or not np.isfinite(last) else (last + above[0]) / 2)
 
 
 def _column(columns: ScoreColumns, key: str) -> np.ndarray:

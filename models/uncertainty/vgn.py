@@ -8,9 +8,14 @@ Forward (paper Section 3.1; SI S6 "Variance-Gated Normalization Implementation")
     Z_m = max(p_mᵀ Γ, ε)                (B, M), straight-through where the bound is active
     q_m = p_m ⊙ Γ / Z_m                 (B, M, C)
 
-Backward: the vector–Jacobian product of SI Table S2, split into the three additive paths of
-Proposition 4.1 — the direct normalisation path (Γ fixed), the path through the mean p̄ and the path
-through the spread s — plus the gradient to k, summed over the batch. ``torch.autograd.gradcheck``
+Backward: the vector–Jacobian product of the forward above, split into the three additive paths
+of Proposition 4.1 (SI Table S2) — the direct normalisation path (Γ fixed), the path through the
+mean p̄ and the path through the spread s — plus the gradient to k, summed over the batch. Where
+the table departs from its own forward the code follows the forward: the spread is the sample
+spread (ddof 1, SI "Through the variance"), so ``∂s_c/∂p_mc = (p_mc − p̄_c)/((M−1) std_c)``; the
+table and that proposition write ``(p_m − p̄)/(M s)``, which their proof takes from the identity
+of the 1/M variance. ``gradcheck`` against the forward decides (tests/models/uncertainty). First derivatives only (``once_differentiable``: a second
+derivative raises instead of coming out silently wrong). ``torch.autograd.gradcheck``
 and an equivalence test against :func:`vgn_autograd` (the same forward under plain autograd) keep it
 honest; ``benchmarks/uncertainty.py`` measures it against autograd.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from models.uncertainty.gate import K_MIN, as_gate_k
 from models.uncertainty.moments import member_std
@@ -69,6 +75,7 @@ class VGNFunction(torch.autograd.Function):
         return q
 
     @staticmethod
+    @once_differentiable  # the saved intermediates carry no graph: no double backward
     def backward(ctx, grad_q: Tensor) -> tuple[Tensor | None, Tensor | None, None]:  # type: ignore[override]
         probs, k, mean, gate, inv_z, dgate_dmean, spread_w = ctx.saved_tensors
         m = probs.shape[1]

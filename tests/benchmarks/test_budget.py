@@ -18,8 +18,20 @@ def test_budget_by_hand() -> None:
     assert budget(digits, group, 0.50, 1.0) == pytest.approx((1.0, 0.5))
 
 
+def test_thresholds_lie_between_samples() -> None:
+    """The k deferring a share lies halfway to the next larger SNR, never on a sample (where the
+    served rule and SNR ≤ k may round apart); ties defer together; past the top, the top."""
+    from benchmarks.budget import _between
+
+    assert _between(np.arange(1, 101, dtype=float), 0.05) == 5.5
+    assert _between(np.array([1.0, 1.0, 2.0, 3.0]), 0.25) == 1.5  # both 1s deferred
+    assert _between(np.array([-np.inf, 2.0, 4.0]), 0.3) == -np.inf  # an unreadable upload
+    assert _between(np.array([1.0, 2.0]), 1.0) == 2.0
+
+
 def test_snr_at_most_k_is_the_served_abstain() -> None:
-    """The ranking's premise: for every k, SNR ≤ k is exactly the served abstain flag."""
+    """The ranking's premise: at every k that is not a sample's own SNR (the budget's thresholds
+    lie halfway between samples), SNR ≤ k is the served abstain flag."""
     import torch
 
     from models.uncertainty.margin import margin_score

@@ -109,3 +109,14 @@ def test_inference_answers_exactly_what_the_autograd_function_answers(
     fast = vgn(p, k_t, 1e-8)  # gradients enabled, but nothing requires one
     assert torch.equal(fast, reference) and fast.grad_fn is None
     assert vgn(p.requires_grad_(), k_t, 1e-8).grad_fn is not None
+
+
+def test_second_derivative_is_refused_not_wrong() -> None:
+    """The closed-form backward reuses intermediates saved without a graph: a gradient of the
+    gradient would come out silently wrong, so it raises instead (once_differentiable)."""
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(3, 4, 5, dtype=torch.float64), -1).requires_grad_()
+    k = torch.full((5,), 0.8, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(vgn(probs, k).square().sum(), probs, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()
