@@ -41,10 +41,13 @@ RUN pip install "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
 WORKDIR /app
 
 # 2) The remaining runtime dependencies, taken from pyproject.toml's [project.dependencies] and
-#    the `postgres` extra (psycopg, for VGE_DB_URL=postgresql://...; the compose postgres profile)
+#    the extras in VGE_EXTRAS (comma-separated): by default `postgres` (psycopg, for
+#    VGE_DB_URL=postgresql://...; the compose postgres profile); add `grpc` for the V2 gRPC
+#    front end (VGE_GRPC_PORT): `docker build --build-arg VGE_EXTRAS=postgres,grpc .`
 #    (the torch pins above already satisfy the torch/torchvision ranges there).
+ARG VGE_EXTRAS=postgres
 COPY pyproject.toml ./
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['postgres']))" > /tmp/requirements.txt \
+RUN python -c "import os, tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = [e.strip() for e in os.environ['VGE_EXTRAS'].split(',') if e.strip()]; print('\n'.join(p['dependencies'] + [d for e in extras for d in p['optional-dependencies'][e]]))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt
 

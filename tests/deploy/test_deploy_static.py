@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -329,6 +331,32 @@ def test_dockerfile_env_is_valid_settings():
     assert set(vge_env) <= fields, f"unknown settings: {set(vge_env) - fields}"
     # As in the container: an empty variable means unset (Settings has env_ignore_empty).
     Settings(**{k[4:].lower(): v for k, v in vge_env.items() if v != ""})
+
+
+def test_dependency_layer_installs_the_extras_asked_for():
+    """Layer 2's requirement list, made by the Dockerfile's own command (no Docker needed): the
+    core dependencies and the postgres extra by default; `--build-arg VGE_EXTRAS=postgres,grpc`
+    adds the gRPC front end's (which VGE_GRPC_PORT needs); an unknown extra fails the build."""
+    import tomllib
+
+    (run,) = [a for k, a in _instructions() if k == "RUN" and "requirements.txt" in a]
+    code = re.search(r'python -c "(.+?)" >', run).group(1)
+    default = dict(re.findall(r"ARG (\w+)=(\S+)", DOCKERFILE.read_text()))["VGE_EXTRAS"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]
+
+    def requirements(extras: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "VGE_EXTRAS": extras}
+        return subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, env=env,
+            capture_output=True, text=True,
+        )  # fmt: skip
+
+    assert default == "postgres"
+    assert requirements(default).stdout.splitlines() == project["dependencies"] + extra["postgres"]
+    both = requirements("postgres, grpc").stdout.splitlines()
+    assert both == project["dependencies"] + extra["postgres"] + extra["grpc"]
+    assert requirements("postgres,nope").returncode != 0
 
 
 def test_torch_pins_match_pyproject():

@@ -275,6 +275,24 @@ def test_kserve_serves_the_shipped_default_under_the_name_clients_call() -> None
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
 
 
+def test_kserve_front_ends_and_dev_shm_follow_the_cpu_limit() -> None:
+    """As the Deployment's: the runtime's VGE_WORKERS is its CPU limit less one (unset, the
+    server would count the node's cores under a CFS quota and start far too many front ends),
+    and its /dev/shm holds an arena per front end."""
+    from service.common.settings import Settings
+
+    (runtime,) = _docs(KSERVE / "servingruntime.yaml")
+    (c,) = runtime["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    workers = int(env["VGE_WORKERS"])
+    assert workers == max(1, math.ceil(_cpus(c["resources"]["limits"]["cpu"])) - 1)
+    volumes = {v["name"]: v for v in runtime["spec"]["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+    per_worker = int(env.get("VGE_SHM_MB_PER_WORKER", Settings().shm_mb_per_worker))
+    assert shm["medium"] == "Memory" and _quantity_mib(shm["sizeLimit"]) >= workers * per_worker
+
+
 # --------------------------------------------------------------------------- HAProxy, compose
 
 
