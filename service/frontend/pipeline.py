@@ -116,12 +116,13 @@ async def infer(state: ServiceState, call: Call) -> Answer:
         return Answer(model, options, columns, findings, records, {})
     tensor_prepare = _tensor_prepare(model, call.prepare, images.datatype)
     review = review_policy(state, call.review, call.headers)
-    x, tensor_findings = to_model_input(images.array, images.datatype, model, state,
+    array = channels_first(images.array, images.datatype)
+    x, tensor_findings = to_model_input(array, images.datatype, model, state,
                                         tensor_prepare)  # fmt: skip
     columns = await _score_tensor(state, model, x, options, call.timeout_s, tensor_findings)
     said: dict[str, str] = {}
     if review != "never":  # the queue is on
-        pixels = images.array if images.datatype == "UINT8" else None
+        pixels = array if images.datatype == "UINT8" else None  # channels first, as the model's
         said = await queue_tensor_answers(state, model, review, columns, pixels,
                                           options.abstain_k, call.headers)  # fmt: skip
     return Answer(model, options, columns, tensor_findings, None, said)
@@ -286,6 +287,22 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
     )
 
 
+def channels_first(arr: np.ndarray, dtype: str) -> np.ndarray:
+    """A V2 input tensor with its channels first: ``UINT8`` ``[B, H, W, C]`` (NHWC, as numpy/PIL
+    images stack) becomes ``[B, C, H, W]`` (a view) when dim 1 cannot be a channel count (1, 3
+    or 4) and the last dim is one; anything else is returned as sent (NCHW, the documented
+    layout; ``[B, H, W]`` grayscale; FP32 model input). The model input and the review queue's
+    PNGs read the same layout."""
+    if (
+        dtype == "UINT8"
+        and arr.ndim == 4
+        and arr.shape[1] not in (1, 3, 4)
+        and arr.shape[3] in (1, 3, 4)
+    ):
+        return arr.transpose(0, 3, 1, 2)  # NHWC, unambiguous: dim 1 cannot be channels
+    return arr
+
+
 def to_model_input(
     arr: np.ndarray,
     dtype: str,
@@ -297,16 +314,10 @@ def to_model_input(
     with what each preparation found, or the FP32 input as given (and None).
 
     UINT8 layout: ``[B, C, H, W]`` (NCHW, the documented one) when dim 1 is a channel count (1,
-    3 or 4), else ``[B, H, W, C]`` (NHWC, as numpy/PIL images stack) when the last dim is one;
+    3 or 4), else ``[B, H, W, C]`` (NHWC) when the last dim is one (:func:`channels_first`);
     neither is a 400 naming the expected layout. ``[B, H, W]`` is grayscale."""
     settings = state.settings
-    if (
-        dtype == "UINT8"
-        and arr.ndim == 4
-        and arr.shape[1] not in (1, 3, 4)
-        and arr.shape[3] in (1, 3, 4)
-    ):
-        arr = arr.transpose(0, 3, 1, 2)  # NHWC, unambiguous: dim 1 cannot be channels
+    arr = channels_first(arr, dtype)
     if arr.shape[-1] * arr.shape[-2] > settings.max_image_pixels:
         raise PayloadTooLarge(
             f"images of {arr.shape[-1]}x{arr.shape[-2]} pixels exceed the limit of "

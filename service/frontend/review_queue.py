@@ -114,8 +114,9 @@ def queue_answers(
 
 
 def png_image(pixels: np.ndarray) -> bytes:
-    """One V2 ``UINT8`` image (``[C, H, W]`` or ``[H, W]``, C 1, 3 or 4) as a PNG file a person
-    can label: the pixels the client sent (an alpha channel dropped)."""
+    """One V2 ``UINT8`` image (``[C, H, W]`` or ``[H, W]``, C 1, 3 or 4: channels first, as
+    :func:`service.frontend.pipeline.channels_first` lays a batch out) as a PNG file a person can
+    label: the pixels the client sent (an alpha channel dropped)."""
     import numpy as np
     import torch
     from torchvision.io import encode_png
@@ -184,16 +185,30 @@ async def queue_tensor_answers(
             )
         else:
             blobs = [b""] * len(records)
-            for i in chosen:
-                blobs[i] = png_image(pixels[i])
+            try:
+                for i in chosen:
+                    blobs[i] = png_image(pixels[i])
+            except Exception:  # noqa: BLE001 - the prediction itself succeeded; say so, keep serving
+                log.exception("review queue: encoding %d images as PNG failed", len(chosen))
+                for i in chosen:
+                    records[i]["review_id"], records[i]["review_status"] = None, "error"
+                state.metrics.review_enqueued.labels(model=model.name, status="error").inc(
+                    len(chosen)
+                )
+                return _said(records)
             queue_answers(
                 store, state.metrics, model=model.name, model_version=model.version,
                 classes=model.class_names, policy=policy, blobs=blobs, records=records,
                 reveal=reveal,
             )  # fmt: skip
-        return {
-            "review_status": ",".join(str(r.get("review_status", "")) for r in records),
-            "review_id": ",".join(str(r.get("review_id") or "") for r in records),
-        }
+        return _said(records)
 
     return await asyncio.to_thread(work)
+
+
+def _said(records: list[dict[str, object]]) -> dict[str, str]:
+    """The V2 response parameters of a batch's review outcomes, comma-separated per image."""
+    return {
+        "review_status": ",".join(str(r.get("review_status", "")) for r in records),
+        "review_id": ",".join(str(r.get("review_id") or "") for r in records),
+    }

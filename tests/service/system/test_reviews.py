@@ -339,6 +339,38 @@ def test_v2_http_and_grpc_answers_are_queued(
     client.close()  # not left to the GC: tritonclient's __del__ raises in a later test's pass
 
 
+def test_v2_channels_last_pixels_are_queued_as_sent(
+    review_server: InProcessServer, pngs: list[bytes]
+) -> None:
+    """V2 UINT8 pixels in [B, H, W, C] (NHWC, as numpy stacks images) are answered and queued:
+    the stored PNG is the image sent, channels first (it was read as C = H and the answer lost
+    to a 500, over HTTP and gRPC alike)."""
+    import numpy as np
+    import torch
+    from torchvision.io import decode_png
+
+    srv = review_server
+    c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
+    while (item := c.post("/v1/reviews/claim").json()["review"]) is not None:  # make room
+        c.post(f"/v1/reviews/{item['id']}/skip").raise_for_status()
+    gray = decode_png(torch.frombuffer(bytearray(pngs[5]), dtype=torch.uint8)).numpy()
+    rgb = np.concatenate([gray, gray // 2, 255 - gray])  # (3, 28, 28): three different planes
+    for chw in (rgb, gray):
+        nhwc = chw.transpose(1, 2, 0)[None]  # (1, 28, 28, C)
+        body = {"inputs": [{"name": "images", "datatype": "UINT8", "shape": list(nhwc.shape),
+                            "data": nhwc.reshape(-1).tolist()}],
+                "parameters": {"review": "always"}}  # fmt: skip
+        r = c.post("/v2/models/tiny/infer", json=body)
+        assert r.status_code == 200, r.text
+        said = r.json()["parameters"]
+        assert said["review_status"] == "queued", said
+        image = c.get(f"/v1/reviews/{said['review_id']}/image")
+        stored = decode_png(torch.frombuffer(bytearray(image.content), dtype=torch.uint8))
+        assert np.array_equal(stored.numpy(), chw)
+        item = c.post("/v1/reviews/claim").json()["review"]
+        c.post(f"/v1/reviews/{item['id']}/skip").raise_for_status()
+
+
 def test_review_off_refuses_review_requests(server: Server, pngs: list[bytes]) -> None:
     r = httpx.post(server.url + "/v1/predict?review=always", files=files(pngs[:1]))
     assert r.status_code == 422 and "VGE_REVIEW_QUEUE=on" in r.json()["error"]
