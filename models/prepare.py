@@ -186,15 +186,30 @@ def prepare_image(
     return Canonical(conform_image(image, in_channels, input_size), Finding.ok)
 
 
+def _over_white(a: np.ndarray) -> np.ndarray:
+    """uint8 ``(C, H, W)`` with alpha last (C 2 or 4) → int32 ``(C − 1, H, W)``: the colour
+    over white, ``v·a + 255·(1 − a)``, rounded."""
+    alpha = a[-1].astype(np.int32)
+    return (a[:-1].astype(np.int32) * alpha + 255 * (255 - alpha) + 127) // 255
+
+
+def over_white(image: torch.Tensor) -> torch.Tensor:
+    """uint8 ``(C, H, W)`` → uint8 ``(C, H, W)`` without alpha: an image with an alpha channel
+    (C 2 or 4) flattened onto white, as the reading does (:func:`canonicalise`), so a file made
+    from it (the review queue's PNGs, its exports) shows what the server read; others as given."""
+    if image.dim() != 3 or image.shape[0] not in (2, 4):
+        return image
+    return torch.from_numpy(_over_white(image.numpy()).astype(np.uint8))
+
+
 def _gray(image: torch.Tensor) -> np.ndarray:
     """uint8 ``(C, H, W)`` (C 1–4) → float32 ``(H, W)`` in [0, 255]: alpha over white, then the
     ITU-R 601 luma of :func:`conform_image` (16-bit fixed point, rounded: the same
     levels as PIL's ``convert("L")``), in NumPy integers."""
     a = image.numpy()
     c = a.shape[0]
-    if c in (2, 4):  # alpha over white: v·a + 255·(1 − a), rounded
-        alpha = a[-1].astype(np.int32)
-        a = ((a[:-1].astype(np.int32) * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.int32)
+    if c in (2, 4):  # alpha over white
+        a = _over_white(a)
         c -= 1
     if c == 3:
         r, g, b = a.astype(np.int32, copy=False)

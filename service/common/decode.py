@@ -396,7 +396,11 @@ def multipart_images(files: list[tuple[str, bytes]], settings: Settings) -> list
 
 
 def to_png(data: bytes) -> bytes:
-    """Re-encode an image (as stored in the review queue) as PNG, for ImageFolder exports."""
+    """Re-encode an image (as stored in the review queue) as PNG, for ImageFolder exports; an
+    alpha channel is flattened onto white, as the server's reading does (PNG here takes 1 or 3
+    channels: a transparent WebP broke the export and every training job on reviews)."""
     from torchvision.io import encode_png
 
-    return bytes(encode_png(_decode(data, read_header(data), 0, None)).numpy())
+    from models.prepare import over_white
+
+    return bytes(encode_png(over_white(_decode(data, read_header(data), 0, None))).numpy())

@@ -116,18 +116,19 @@ def queue_answers(
 def png_image(pixels: np.ndarray) -> bytes:
     """One V2 ``UINT8`` image (``[C, H, W]`` or ``[H, W]``, C 1, 3 or 4: channels first, as
     :func:`service.frontend.pipeline.channels_first` lays a batch out) as a PNG file a person can
-    label: the pixels the client sent (an alpha channel dropped)."""
+    label: the pixels the client sent (an alpha channel flattened onto white, as the reading
+    does: :func:`models.prepare.over_white`)."""
     import numpy as np
     import torch
     from torchvision.io import encode_png
+
+    from models.prepare import over_white
 
     # a copy: the pixels may be a request's read-only bytes (V2 binary, gRPC); one image a review
     img = torch.from_numpy(np.array(pixels, order="C"))
     if img.ndim == 2:
         img = img.unsqueeze(0)
-    if img.shape[0] == 4:
-        img = img[:3]
-    return bytes(encode_png(img.contiguous()).numpy())
+    return bytes(encode_png(over_white(img).contiguous()).numpy())
 
 
 def review_policy(

@@ -174,6 +174,23 @@ def test_a_cmyk_jpeg_decodes_to_its_picture_not_its_inks() -> None:
     assert exported.shape[0] == 3 and float(exported.float().mean()) < 100
 
 
+@pytest.mark.parametrize("mode,fmt", [("RGBA", "WEBP"), ("LA", "PNG"), ("RGBA", "PNG")])
+def test_an_export_of_a_transparent_image_is_flattened_onto_white(mode: str, fmt: str) -> None:
+    """A review export (to_png) of an image with alpha: PNG of 1 or 3 channels, the colour over
+    white as the reading sees it (a transparent WebP raised in encode_png, which broke the
+    export and every training job on reviews)."""
+    from PIL import Image
+
+    from service.common.decode import to_png
+
+    img = Image.new(mode, (8, 6), (0, 0) if mode == "LA" else (0, 0, 0, 0))  # transparent
+    img.putpixel((2, 3), (40, 255) if mode == "LA" else (40, 40, 40, 255))  # one opaque pixel
+    data = _pil_bytes(img, fmt, **({"lossless": True} if fmt == "WEBP" else {}))
+    exported = decode_image(torch.frombuffer(bytearray(to_png(data)), dtype=torch.uint8))
+    assert exported.shape == (1 if mode == "LA" else 3, 6, 8)
+    assert int(exported[:, 3, 2].max()) == 40 and int(exported[:, 0, 0].min()) == 255
+
+
 def test_a_failed_decode_does_not_keep_its_image_alive(monkeypatch: pytest.MonkeyPatch) -> None:
     """The error raised for an image carries no traceback into the decoder's frame, where the
     decoded tensor lived: a request's failed images must not hold their memory while the others
