@@ -292,12 +292,17 @@ def _paper(gray: np.ndarray) -> np.ndarray:
     basis = _surface(*g.shape[-2:])
     lo, hi = np.percentile(cells, [25, 75])
     use = (cells >= lo) & (cells <= hi)
+    if not use.any():  # a picture of two cells (1×2): none lies between its quartiles
+        use[:] = True
     for _ in range(3):  # least squares by its normal equations: 10 unknowns
         b = basis[use]
         coef = np.linalg.solve(b.T @ b + 1e-6 * np.eye(b.shape[1]), b.T @ cells[use])
         resid = cells - basis @ coef
         spread = 1.4826 * _median(np.abs(resid[use])) + 1.0
-        use = np.abs(resid) <= 2.5 * spread
+        kept = np.abs(resid) <= 2.5 * spread
+        if not kept.any():  # nothing near the fit: keep the cells it was made from
+            break
+        use = kept
     return _evaluate(coef, h, w)
 
 

@@ -194,6 +194,21 @@ def test_bad_tensors_are_value_errors() -> None:
         canonicalise(torch.zeros((1, 0, 28), dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("h,w", [(h, w) for h in range(1, 7) for w in range(1, 7)])
+def test_tiny_pictures_are_read(h: int, w: int) -> None:
+    """Every picture of a few pixels is read to a 28×28 canvas, whatever it holds (a 1×2 or 2×1
+    picture raised an IndexError in the paper's fit — two cells, none between their quartiles —
+    which the server answered 500)."""
+    rng = np.random.default_rng(h * 10 + w)
+    stroke = np.full((1, h, w), 255, np.uint8)
+    stroke[0, :, w // 2] = 0
+    for pixels in (rng.integers(0, 256, (1, h, w), dtype=np.uint8), stroke,
+                   np.full((1, h, w), 200, np.uint8)):  # fmt: skip
+        out = canonicalise(torch.from_numpy(pixels))
+        assert out.image.shape == (1, 28, 28) and out.image.dtype == torch.uint8
+        assert out.finding in Finding
+
+
 def test_which_prepare_a_model_gets() -> None:
     assert default_prepare(1, (28, 28)) == "mnist"
     assert default_prepare(3, (32, 32)) == "none" and default_prepare(1, (32, 32)) == "none"

@@ -54,6 +54,13 @@ def test_v1_reads_pictures_and_says_what_it_found(server: Server, mnist, library
         body = {"images": [__import__("base64").b64encode(blank).decode()], "prepare": "none"}
         r = c.post("/v1/predict", json=body)
         assert r.status_code == 200 and r.json()["results"][0]["input_check"] == "ok"
+        # pictures of two pixels (a 500 once): answered, each with what its reading found
+        tiny = [("images", (f"{h}x{w}.png", _png(np.array([[255, 0]], np.uint8).reshape(h, w))))
+                for h, w in ((1, 2), (2, 1))]  # fmt: skip
+        r = c.post("/v1/predict", files=tiny)
+        assert r.status_code == 200, r.text
+        assert all(x["input_check"] in ("ok", "blank", "fills_canvas", "texture")
+                   for x in r.json()["results"])  # fmt: skip
 
 
 def test_v2_http_prepare_parameter(server: Server, mnist) -> None:
