@@ -66,6 +66,12 @@ NOT_INHERITED = frozenset(
 )
 
 
+#: The largest run seed: 2**32 − 1, as NumPy's and most tools' seeds; the derived streams
+#: (``seed * 1_000_003 + tag``) stay far inside torch's 64-bit seeds (a seed of 2**64 was accepted,
+#: and the run failed at its first generator).
+SEED_MAX = 2**32 - 1
+
+
 class TrainConfig(ArchitectureSpec):
     """Validated training configuration (YAML/JSON files and ``vge train`` flags map onto it).
 
@@ -113,7 +119,11 @@ class TrainConfig(ArchitectureSpec):
     weight_decay: float = Field(0.0, ge=0)
     batch_size: int = Field(128, ge=1, le=LIMITS["batch_size"])
     eval_batch_size: int = Field(512, ge=1, le=LIMITS["eval_batch_size"])
-    seed: int = 0
+    seed: int = Field(
+        0, ge=0, le=SEED_MAX,
+        description="seeds every generator of the run (0 to 2**32 - 1; streams of their own are "
+        "derived from it as seed * 1,000,003 + a tag, within torch's 64-bit seeds)",
+    )  # fmt: skip
     patience: int = Field(5, ge=1)
     augment: bool = Field(
         False,

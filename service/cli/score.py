@@ -56,7 +56,13 @@ def load_probs(path: Path) -> np.ndarray:
                 raise CliError(
                     f"{path}: .npz has no array named 'probs' (found: {', '.join(data.files) or 'none'})"
                 )
-            data = data["probs"]
+            try:
+                data = data["probs"]
+            except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+                # an object array (pickles are refused), a member that fails its CRC
+                raise CliError(f"{path}: 'probs' cannot be read ({exc})") from None
+            if not isinstance(data, np.ndarray):  # a member that is not .npy: NpzFile gives bytes
+                raise CliError(f"{path}: 'probs' is not a .npy array inside the .npz")
     if not np.issubdtype(data.dtype, np.number) or np.issubdtype(data.dtype, np.complexfloating):
         raise CliError(f"{path}: expected a real numeric array, got dtype {data.dtype}")
     return data

@@ -123,7 +123,7 @@ def _decode_cursor(cursor: str) -> tuple[float, str]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         key, item_id = json.loads(raw)
         return float(key), str(item_id)
-    except (ValueError, TypeError, UnicodeDecodeError):
+    except (ValueError, TypeError, UnicodeDecodeError, OverflowError):
         raise InvalidValue(
             f"cursor {cursor!r} is not valid: pass the next_cursor of a previous page"
         ) from None

@@ -378,14 +378,23 @@ class JobManager:
             config["dataset"] = f"imagefolder:{exported}{dataset.removeprefix('reviews')}"
         elif isinstance(dataset, str) and (folder := parse_imagefolder(dataset)) is not None:
             rel, mixed = folder
-            path = (root / rel).resolve()
-            if path != root and root not in path.parents:
+            try:
+                path = (root / rel).resolve()
+                if path != root and root not in path.parents:
+                    raise InvalidValue(
+                        f"dataset path {rel[:200]!r} is outside the data root {str(root)!r} "
+                        "(VGE_DATA_ROOT); put the ImageFolder under it"
+                    )
+                is_dir = path.is_dir()
+            except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop
                 raise InvalidValue(
-                    f"dataset path {rel!r} is outside the data root {str(root)!r} "
-                    "(VGE_DATA_ROOT); put the ImageFolder under it"
+                    f"dataset path {rel[:200]!r} cannot be read under {str(root)!r}: "
+                    f"{exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+                ) from None
+            if not is_dir:
+                raise InvalidValue(
+                    f"dataset path {rel[:200]!r} is not a directory under {str(root)!r}"
                 )
-            if not path.is_dir():
-                raise InvalidValue(f"dataset path {rel!r} is not a directory under {str(root)!r}")
             config["dataset"] = f"imagefolder:{path}{MIXED_SUFFIX if mixed else ''}"
         return config
 

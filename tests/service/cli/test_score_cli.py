@@ -112,6 +112,41 @@ def test_npz_without_probs_key(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no array named 'probs'" in done.stderr
 
 
+def _object_npz(path: Path) -> None:
+    np.savez(path, probs=np.array([{"a": 1}], dtype=object))
+
+
+def _not_npy_npz(path: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("probs.npy", b"not an array")
+
+
+def _corrupt_npz(path: Path) -> None:
+    np.savez(path, probs=np.full((4, 2, 2), 0.5))
+    data = bytearray(path.read_bytes())
+    data[data.index(b"\x93NUMPY") + 200] ^= 0xFF  # a byte of the array: the member's CRC fails
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [(_object_npz, "'probs' cannot be read"), (_not_npy_npz, "'probs' is not a .npy array"),
+     (_corrupt_npz, "'probs' cannot be read")],
+)  # fmt: skip
+def test_an_unreadable_npz_member_is_one_line_and_exit_2(
+    tmp_path: Path, make, message: str
+) -> None:
+    """An object array, a member that is not .npy, a member that fails its CRC: each a traceback
+    and exit 1 before."""
+    path = tmp_path / "bad.npz"
+    make(path)
+    done = run_vge("score", str(path))
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
 def test_a_reader_that_goes_away_is_no_traceback(tmp_path: Path) -> None:
     """``vge score big.npy | head -1``: a BrokenPipeError traceback before."""
     path = tmp_path / "big.npy"

@@ -143,6 +143,11 @@ def test_list_orders_and_paginates(db_url: str, tmp_path: Path) -> None:
     assert store.claim("bob", order="vgmu", now=2000.0)["id"] == ids[4]  # vgmu 0.7
     with pytest.raises(InvalidValue, match="cursor"):
         store.list(cursor="not-a-cursor")
+    import base64
+
+    huge = base64.urlsafe_b64encode(b"[" + b"9" * 310 + b', "a"]').decode()  # over a float
+    with pytest.raises(InvalidValue, match="cursor"):
+        store.list(cursor=huge)
     assert store.list(state="reviewed")[0] == []
 
 

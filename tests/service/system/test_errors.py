@@ -178,6 +178,12 @@ def test_admin_errors(server: Server) -> None:
                "one value per class (10)")  # fmt: skip
         _error(c.post("/v1/training-jobs", json={"dataset": "imagefolder:../../etc"}), 422,
                "outside the data root")  # fmt: skip
+        # a name the file system refuses (it raised OSError: a 500), a seed no generator takes
+        # (it was accepted, and the job failed at its first generator)
+        _error(c.post("/v1/training-jobs", json={"dataset": "imagefolder:" + "a" * 5000}), 422,
+               "cannot be read")  # fmt: skip
+        _error(c.post("/v1/training-jobs", json={"seed": 2**64}), 422, "seed")
+        _error(c.post("/v1/training-jobs", json={"seed": -1}), 422, "seed")
         _error(c.post("/v1/training-jobs", json={"data_root": "/"}), 422, "data_root")
         # a model /v2/models/{name} could not address
         _error(c.post("/v1/training-jobs", json={"name": "/tmp/evil"}), 422, "name")
