@@ -74,6 +74,10 @@ def _input_array(request: Any, max_images: int) -> tuple[np.ndarray, str]:
     dtype, shape = spec.datatype, [int(s) for s in spec.shape]
     count = check_input_spec(spec.name, dtype, shape, max_images)
     if request.raw_input_contents:
+        if len(request.raw_input_contents) != 1:  # one per input, and there is one input
+            raise errors.BadInput(
+                f"raw_input_contents holds {len(request.raw_input_contents)} entries for 1 input"
+            )
         raw = request.raw_input_contents[0]
         if len(raw) != count * DTYPES[dtype].itemsize:
             raise errors.BadInput(f"raw input of {len(raw)} bytes does not match {shape} {dtype}")

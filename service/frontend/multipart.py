@@ -126,7 +126,10 @@ class _Collector:
         self._field_parts += 1
         if self._field_parts > self.max_fields:
             raise BadInput(f"too many form fields: more than {self.max_fields}")
-        self.form.fields[_text(name)] = _text(data)
+        key = _text(name)
+        if key in self.form.fields:  # which one was meant? (as a parameter repeated in the query)
+            raise InvalidValue(f"{key[:64]} is given more than once in the form: give it once")
+        self.form.fields[key] = _text(data)
 
 
 def _text(raw: bytes) -> str:

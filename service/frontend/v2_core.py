@@ -485,6 +485,9 @@ def check_outputs(names: list[Any]) -> list[str]:
     unknown = [n for n in names if not isinstance(n, str) or n not in OUTPUTS]
     if unknown:
         raise BadInput(f"unknown outputs {unknown}; available: {list(OUTPUTS)}")
+    if len(set(names)) != len(names):  # the answer would carry a tensor twice
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise BadInput(f"outputs {twice} requested more than once: name each once")
     return list(names) or list(OUTPUTS)
 
 

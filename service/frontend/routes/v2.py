@@ -342,7 +342,9 @@ async def _infer(model: ModelInfo, request: Request, state: State) -> Response:
     parse the JSON or binary-extension body into a call, encode the answer's tensors."""
     body, binary, json_size = await _parse_body(request, state.settings.max_json_bytes)
     wanted = body.get("outputs")
-    if wanted and (not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted)):
+    if wanted is not None and (
+        not isinstance(wanted, list) or not all(isinstance(o, dict) for o in wanted)
+    ):  # "" or {} asked for nothing nameable: not "every output"
         raise BadInput('outputs must be a list of {"name": ...} objects')
     names = check_outputs([o.get("name") for o in wanted or []])
     binary_wanted = _binary_wanted(body, wanted)  # checked before the batch is computed

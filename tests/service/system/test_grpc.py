@@ -84,7 +84,23 @@ def test_grpc_errors_are_statuses(grpc_server: tuple[Server, int]) -> None:
     with pytest.raises(InferenceServerException, match="unknown model") as err:
         client.infer("nope", [ok])
     assert err.value.status() == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException, match="requested more than once") as err:
+        client.infer("tiny", [ok], outputs=[grpcclient.InferRequestedOutput("vgmu")] * 2)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     client.close()
+    # a second raw_input_contents entry for the one input (it was ignored)
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="tiny")
+    spec = request.inputs.add()
+    spec.name, spec.datatype = "images", "UINT8"
+    spec.shape.extend([1, 1, 28, 28])
+    request.raw_input_contents.extend([bytes(784), bytes(784)])
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError) as rpc:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "raw_input_contents holds 2 entries for 1 input" in rpc.value.details()
 
 
 def test_grpc_review_always_needs_a_key_as_over_http(grpc_server: tuple[Server, int]) -> None:

@@ -120,6 +120,14 @@ def test_v2_errors(server: Server) -> None:
                       "data": [0] * 784}], "parameters": {"vgmu_on": "x"}}, 422, "vgmu_on"),
         ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
                       "data": [0] * 784}], "outputs": [{"name": "nope"}]}, 400, "unknown outputs"),
+        # outputs of the wrong kind asked for every output (200), a name twice echoed it twice
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "outputs": ""}, 400, "outputs must be a list"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "outputs": {}}, 400, "outputs must be a list"),
+        ({"inputs": [{"name": "images", "shape": [1, 28, 28], "datatype": "UINT8",
+                      "data": [0] * 784}], "outputs": [{"name": "vgmu"}, {"name": "vgmu"}]}, 400,
+         "requested more than once"),
         # JSON that Python would coerce: strings, booleans, ragged lists, true for a number
         ({"inputs": [{"name": "images", "shape": [1, 2, 2], "datatype": "UINT8",
                       "data": ["1", "2", "3", "4"]}]}, 400, "list of numbers"),
