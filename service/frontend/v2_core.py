@@ -458,6 +458,9 @@ def check_parameters(params: dict[str, Any]) -> Parameters:
             f"unknown request parameter {unknown[0][:64]!r}; this server reads "
             f"{', '.join(REQUEST_PARAMETERS)}"
         )
+    flag = params.get("binary_data_output")  # HTTP's own; gRPC answers raw tensors anyway
+    if flag is not None and not isinstance(flag, bool):  # the string "false" is not false
+        raise BadInput("binary_data_output must be true or false")
     k = params.get("abstain_k")
     if k is not None and (not is_number(k) or not ABSTAIN_K_MIN <= k <= ABSTAIN_K_MAX):
         raise InvalidValue(f"abstain_k must be a number in [{ABSTAIN_K_MIN:g}, {ABSTAIN_K_MAX:g}]")

@@ -101,6 +101,14 @@ def test_grpc_errors_are_statuses(grpc_server: tuple[Server, int]) -> None:
         service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "raw_input_contents holds 2 entries for 1 input" in rpc.value.details()
+    # binary_data_output as the string "false" (tritonclient refuses to send it; a raw client
+    # can): refused as over HTTP, where "false" would have switched binary output on
+    del request.raw_input_contents[1:]
+    request.parameters["binary_data_output"].string_param = "false"
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError) as rpc:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "binary_data_output must be true or false" in rpc.value.details()
 
 
 def test_grpc_review_always_needs_a_key_as_over_http(grpc_server: tuple[Server, int]) -> None:
