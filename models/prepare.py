@@ -196,7 +196,8 @@ def _over_white(a: np.ndarray) -> np.ndarray:
 def over_white(image: torch.Tensor) -> torch.Tensor:
     """uint8 ``(C, H, W)`` → uint8 ``(C, H, W)`` without alpha: an image with an alpha channel
     (C 2 or 4) flattened onto white, as the reading does (:func:`canonicalise`), so a file made
-    from it (the review queue's PNGs, its exports) shows what the server read; others as given."""
+    from it (the review queue's exports, what training jobs on reviews read) holds what the
+    default reading saw; others as given. (``prepare=none``'s :func:`conform_image` drops alpha.)"""
     if image.dim() != 3 or image.shape[0] not in (2, 4):
         return image
     return torch.from_numpy(_over_white(image.numpy()).astype(np.uint8))

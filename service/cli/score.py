@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import sys
+import tokenize
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -42,13 +44,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+#: What a damaged .npy/.npz raises while NumPy reads it: a bad zip or a member failing its CRC,
+#: a compressed member that does not inflate (zlib.error), a header that does not parse
+#: (tokenize.TokenError, SyntaxError), an unsupported zip compression (NotImplementedError), an
+#: object array (ValueError: pickles are refused), a short file (EOFError).
+_UNREADABLE = (
+    ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, tokenize.TokenError,
+    SyntaxError, NotImplementedError,
+)  # fmt: skip
+
+
 def load_probs(path: Path) -> np.ndarray:
     """Load the ``(B, M, C)`` array; every failure becomes a :class:`CliError` naming the problem."""
     if not path.is_file():
         raise CliError(f"{path}: no such file")
     try:
         data = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+    except _UNREADABLE as exc:
         raise CliError(f"{path}: not a readable .npy/.npz file ({exc})") from None
     if isinstance(data, np.lib.npyio.NpzFile):
         with data:
@@ -58,7 +70,7 @@ def load_probs(path: Path) -> np.ndarray:
                 )
             try:
                 data = data["probs"]
-            except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+            except _UNREADABLE as exc:
                 # an object array (pickles are refused), a member that fails its CRC
                 raise CliError(f"{path}: 'probs' cannot be read ({exc})") from None
             if not isinstance(data, np.ndarray):  # a member that is not .npy: NpzFile gives bytes

@@ -395,10 +395,24 @@ def multipart_images(files: list[tuple[str, bytes]], settings: Settings) -> list
     return [data for _, data in files]
 
 
+def png_has_alpha(data: bytes) -> bool:
+    """Whether PNG bytes carry transparency: an alpha channel (colour type 4 or 6, IHDR's byte
+    25) or a ``tRNS`` chunk (a palette's or one colour's transparency) before the image data."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or len(data) < 26:
+        return False
+    if data[25] in (4, 6):
+        return True
+    idat = data.find(b"IDAT")
+    return b"tRNS" in data[: idat if idat >= 0 else len(data)]
+
+
 def to_png(data: bytes) -> bytes:
     """Re-encode an image (as stored in the review queue) as PNG, for ImageFolder exports; an
-    alpha channel is flattened onto white, as the server's reading does (PNG here takes 1 or 3
-    channels: a transparent WebP broke the export and every training job on reviews)."""
+    alpha channel is flattened onto white, as the default reading (``prepare=mnist``,
+    :func:`models.prepare.canonicalise`) does, so a training job on the export reads what the
+    server read: the ImageFolder loader would drop the alpha instead (a black digit on a
+    transparent page came out black on black). PNG here takes 1 or 3 channels: a transparent
+    WebP broke the export and every training job on reviews."""
     from torchvision.io import encode_png
 
     from models.prepare import over_white

@@ -614,15 +614,17 @@ class ReviewStore:
         (:data:`OUTLIER_FOLDER`, never a class's folder). What the review export's tar and a
         training job's data hold: a class name never becomes a path of its own (``../x`` or
         ``/abs`` would leave the folder they are written into)."""
-        from service.common.decode import to_png
+        from service.common.decode import png_has_alpha, to_png
+
+        def png(data: bytes, ctype: str) -> bytes:
+            # a PNG as stored unless it has transparency, which to_png flattens onto white
+            return data if ctype == "image/png" and not png_has_alpha(data) else to_png(data)
 
         for label, sha, data, ctype in self.reviewed(model):
-            png = data if ctype == "image/png" else to_png(data)
-            yield f"{class_folder(str(label))}/{sha}.png", png
+            yield f"{class_folder(str(label))}/{sha}.png", png(data, ctype)
         if outliers:
             for _, sha, data, ctype in self.reviewed(model, not_a_digit=True):
-                png = data if ctype == "image/png" else to_png(data)
-                yield f"{OUTLIER_FOLDER}/{sha}.png", png
+                yield f"{OUTLIER_FOLDER}/{sha}.png", png(data, ctype)
 
     def not_a_digit_count(self, model: str | None = None) -> int:
         """How many distinct images are marked *not a digit* (what a job's outlier set gets)."""

@@ -116,19 +116,27 @@ def queue_answers(
 def png_image(pixels: np.ndarray) -> bytes:
     """One V2 ``UINT8`` image (``[C, H, W]`` or ``[H, W]``, C 1, 3 or 4: channels first, as
     :func:`service.frontend.pipeline.channels_first` lays a batch out) as a PNG file a person can
-    label: the pixels the client sent (an alpha channel flattened onto white, as the reading
-    does: :func:`models.prepare.over_white`)."""
+    label: the pixels the client sent, an alpha channel kept (a PNG of 4 channels, which
+    torchvision's encoder does not write: Pillow's), as an uploaded PNG is stored as sent. The
+    review export flattens it as it does any transparent upload
+    (:func:`service.common.decode.to_png`)."""
     import numpy as np
     import torch
     from torchvision.io import encode_png
 
-    from models.prepare import over_white
-
     # a copy: the pixels may be a request's read-only bytes (V2 binary, gRPC); one image a review
-    img = torch.from_numpy(np.array(pixels, order="C"))
-    if img.ndim == 2:
-        img = img.unsqueeze(0)
-    return bytes(encode_png(over_white(img).contiguous()).numpy())
+    a = np.array(pixels, order="C")
+    if a.ndim == 2:
+        a = a[None]
+    if a.shape[0] == 4:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(a.transpose(1, 2, 0)), "RGBA").save(buf, "PNG")
+        return buf.getvalue()
+    return bytes(encode_png(torch.from_numpy(a)).numpy())
 
 
 def review_policy(

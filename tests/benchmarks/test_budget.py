@@ -9,9 +9,10 @@ from benchmarks.budget import budget, main
 
 
 def test_budget_by_hand() -> None:
-    """Digits' SNRs 1..100: the k deferring 5 % of them is 5; of the group's SNRs (2, 4, 6, 8, 50),
-    two are ≤ 5 (40 %); deferring 80 % of the group needs k = 8, which defers 8 % of digits. At
-    half the digits (k = 50) the whole group is deferred, and all of it needs k = 50 too."""
+    """Digits' SNRs 1..100: the k deferring 5 % of them is 5.5 (halfway to the next); of the
+    group's SNRs (2, 4, 6, 8, 50), two are ≤ 5.5 (40 %); deferring 80 % of the group needs
+    k = 8, which defers 8 % of digits. At half the digits (k = 50.5) the whole group is
+    deferred, and all of it needs k = 50, which defers half the digits."""
     digits = np.arange(1, 101, dtype=float)
     group = np.array([2.0, 4.0, 6.0, 8.0, 50.0])
     assert budget(digits, group, 0.05, 0.80) == pytest.approx((0.4, 0.08))

@@ -147,6 +147,29 @@ def test_an_unreadable_npz_member_is_one_line_and_exit_2(
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
+def test_damaged_files_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    """One byte flipped at a time through a compressed .npz and through an .npy header: each file
+    is scored (exit 0: the byte changed only values) or refused in one line (exit 2) — no
+    traceback (zlib.error and tokenize.TokenError escaped before)."""
+    packed = tmp_path / "c.npz"
+    np.savez_compressed(packed, probs=np.random.default_rng(0).dirichlet(np.ones(4), (30, 3)))
+    plain = tmp_path / "a.npy"
+    np.save(plain, np.full((3, 2, 2), 0.5))
+    refused = 0
+    for source, positions in ((packed, range(60, 260, 20)), (plain, range(8, 70, 6))):
+        raw = source.read_bytes()
+        for pos in positions:
+            damaged = bytearray(raw)
+            damaged[pos] ^= 0xFF
+            path = tmp_path / f"d{pos}{source.suffix}"
+            path.write_bytes(bytes(damaged))
+            done = run_vge("score", str(path))
+            assert done.returncode in (0, 2) and "Traceback" not in done.stderr, done.stderr
+            assert done.returncode == 0 or len(done.stderr.strip().splitlines()) == 1
+            refused += done.returncode == 2
+    assert refused >= 5  # most of these are unreadable, and said so
+
+
 def test_a_reader_that_goes_away_is_no_traceback(tmp_path: Path) -> None:
     """``vge score big.npy | head -1``: a BrokenPipeError traceback before."""
     path = tmp_path / "big.npy"

@@ -391,3 +391,37 @@ def test_not_a_digit_is_no_class(db_url: str, tmp_path: Path) -> None:
     again = store.label(noise, "8", "ann", now=50.0)
     assert not again["not_a_digit"] and again["history"][-1]["not_a_digit"] is True
     assert store.not_a_digit_count() == 1
+
+
+def test_a_transparent_png_is_exported_as_the_reading_sees_it(db_url: str, tmp_path: Path) -> None:
+    """A black digit on a transparent page: the export flattens it onto white (the ImageFolder
+    loader would drop the alpha: black on black, nothing to learn), as the default reading does;
+    an opaque PNG is exported byte for byte as stored."""
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torchvision.io import decode_image
+
+    def png(img: Image.Image) -> bytes:
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        return buf.getvalue()
+
+    page = np.zeros((12, 10, 4), np.uint8)  # transparent black
+    page[2:10, 4:6] = (0, 0, 0, 255)  # an opaque black stroke
+    transparent = png(Image.fromarray(page, "RGBA"))
+    opaque = png(Image.fromarray(np.full((12, 10), 200, np.uint8), "L"))
+    store = ReviewStore(Database(db_url), tmp_path / "blobs", max_items=10, lease_s=60.0)
+    shas = []
+    for data in (transparent, opaque):
+        (item,) = store.enqueue(model="m", model_version="1", classes=["0", "1"],
+                                images=[data], answers=[answer("1")])  # fmt: skip
+        store.label(item.review_id, "1", "ann")
+        shas.append(store.get(item.review_id)["sha256"])
+    items = dict(store.export_items())
+    flat = decode_image(torch.frombuffer(bytearray(items[f"1/{shas[0]}.png"]), dtype=torch.uint8))
+    assert flat.shape == (3, 12, 10)
+    assert int(flat[:, 0, 0].min()) == 255 and int(flat[:, 5, 4].max()) == 0
+    assert items[f"1/{shas[1]}.png"] == opaque

@@ -343,11 +343,11 @@ def test_v2_channels_last_pixels_are_queued_as_sent(
     review_server: InProcessServer, pngs: list[bytes]
 ) -> None:
     """V2 UINT8 pixels in [B, H, W, C] (NHWC, as numpy stacks images) are answered and queued:
-    the stored PNG is the image sent, channels first (it was read as C = H and the answer lost
-    to a 500, over HTTP and gRPC alike)."""
+    the stored PNG is the image sent, channels first, an alpha channel kept (it was read as C = H
+    and the answer lost to a 500; gRPC shares the path, pipeline.infer). Sent over HTTP here."""
     import numpy as np
     import torch
-    from torchvision.io import decode_png
+    from torchvision.io import ImageReadMode, decode_png
 
     srv = review_server
     c = httpx.Client(base_url=srv.url, headers=R, timeout=30)
@@ -355,7 +355,8 @@ def test_v2_channels_last_pixels_are_queued_as_sent(
         c.post(f"/v1/reviews/{item['id']}/skip").raise_for_status()
     gray = decode_png(torch.frombuffer(bytearray(pngs[5]), dtype=torch.uint8)).numpy()
     rgb = np.concatenate([gray, gray // 2, 255 - gray])  # (3, 28, 28): three different planes
-    for chw in (rgb, gray):
+    rgba = np.concatenate([rgb, np.where(gray > 0, 255, 0).astype(np.uint8)])  # ink opaque
+    for chw in (rgb, gray, rgba):
         nhwc = chw.transpose(1, 2, 0)[None]  # (1, 28, 28, C)
         body = {"inputs": [{"name": "images", "datatype": "UINT8", "shape": list(nhwc.shape),
                             "data": nhwc.reshape(-1).tolist()}],
@@ -365,7 +366,8 @@ def test_v2_channels_last_pixels_are_queued_as_sent(
         said = r.json()["parameters"]
         assert said["review_status"] == "queued", said
         image = c.get(f"/v1/reviews/{said['review_id']}/image")
-        stored = decode_png(torch.frombuffer(bytearray(image.content), dtype=torch.uint8))
+        stored = decode_png(torch.frombuffer(bytearray(image.content), dtype=torch.uint8),
+                            ImageReadMode.UNCHANGED)  # fmt: skip
         assert np.array_equal(stored.numpy(), chw)
         item = c.post("/v1/reviews/claim").json()["review"]
         c.post(f"/v1/reviews/{item['id']}/skip").raise_for_status()
