@@ -14,8 +14,9 @@ mean p̄ and the path through the spread s — plus the gradient to k, summed ov
 the table departs from its own forward the code follows the forward: the spread is the sample
 spread (ddof 1, SI "Through the variance"), so ``∂s_c/∂p_mc = (p_mc − p̄_c)/((M−1) std_c)``; the
 table and that proposition write ``(p_m − p̄)/(M s)``, which their proof takes from the identity
-of the 1/M variance. ``gradcheck`` against the forward decides (tests/models/uncertainty). First derivatives only (``once_differentiable``: a second
-derivative raises instead of coming out silently wrong). ``torch.autograd.gradcheck``
+of the 1/M variance; ``gradcheck`` against the forward decides (tests/models/uncertainty). First
+derivatives only (``once_differentiable``: a second derivative raises instead of coming out
+silently wrong). ``torch.autograd.gradcheck``
 and an equivalence test against :func:`vgn_autograd` (the same forward under plain autograd) keep it
 honest; ``benchmarks/uncertainty.py`` measures it against autograd.
 """
