@@ -86,12 +86,6 @@ def _ranks(predictor: Predictor, x: torch.Tensor, scores: list[str]) -> dict[str
     return {s: SCORES[s][1] * _column(columns, SCORES[s][0]) for s in scores}
 
 
-def _suite_snr(predictor: Predictor, images: np.ndarray) -> np.ndarray:
-    """SNR of uint8 ``(n, H, W)`` uploads answered as served (:meth:`Predictor.predict`): −∞
-    where the reading finds no digit, which the server defers at every ``k``."""
-    return _suite_ranks(predictor, images, ["snr"])["snr"]
-
-
 def _suite_ranks(
     predictor: Predictor, images: np.ndarray, scores: list[str]
 ) -> dict[str, np.ndarray]:

@@ -380,17 +380,17 @@ class JobManager:
             rel, mixed = folder
             try:
                 path = (root / rel).resolve()
-                if path != root and root not in path.parents:
-                    raise InvalidValue(
-                        f"dataset path {rel[:200]!r} is outside the data root {str(root)!r} "
-                        "(VGE_DATA_ROOT); put the ImageFolder under it"
-                    )
                 is_dir = path.is_dir()
             except (OSError, RuntimeError) as exc:  # a name too long, a symlink loop
                 raise InvalidValue(
                     f"dataset path {rel[:200]!r} cannot be read under {str(root)!r}: "
                     f"{exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
                 ) from None
+            if path != root and root not in path.parents:
+                raise InvalidValue(
+                    f"dataset path {rel[:200]!r} is outside the data root {str(root)!r} "
+                    "(VGE_DATA_ROOT); put the ImageFolder under it"
+                )
             if not is_dir:
                 raise InvalidValue(
                     f"dataset path {rel[:200]!r} is not a directory under {str(root)!r}"

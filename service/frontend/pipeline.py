@@ -313,11 +313,10 @@ def to_model_input(
     """uint8 pixels prepared for the model (``prepare``: :func:`models.prepare.prepare_image`)
     with what each preparation found, or the FP32 input as given (and None).
 
-    UINT8 layout: ``[B, C, H, W]`` (NCHW, the documented one) when dim 1 is a channel count (1,
-    3 or 4), else ``[B, H, W, C]`` (NHWC) when the last dim is one (:func:`channels_first`);
-    neither is a 400 naming the expected layout. ``[B, H, W]`` is grayscale."""
+    UINT8 layout: ``arr`` as :func:`channels_first` gives it (:func:`infer` lays it out once, for
+    the model and the review queue alike): ``[B, C, H, W]`` with C 1, 3 or 4, or ``[B, H, W]``
+    grayscale; anything else is a 400 naming the expected layouts."""
     settings = state.settings
-    arr = channels_first(arr, dtype)
     if arr.shape[-1] * arr.shape[-2] > settings.max_image_pixels:
         raise PayloadTooLarge(
             f"images of {arr.shape[-1]}x{arr.shape[-2]} pixels exceed the limit of "

@@ -68,7 +68,7 @@ _NUMPY: dict[str, np.dtype[Any]] = {
 }  # fmt: skip
 
 #: The two inputs a request may carry, exactly one of them: raw pixels, or prepared model input.
-#: ``images`` takes any size and NCHW, NHWC or [B, H, W] (pipeline.to_model_input); its declared
+#: ``images`` takes any size and NCHW, NHWC or [B, H, W] (pipeline.channels_first, pipeline.to_model_input); its declared
 #: shape is the model's.
 INPUTS: tuple[Tensor, ...] = (Tensor("images", "UINT8", "image"), Tensor("input", "FP32", "image"))
 

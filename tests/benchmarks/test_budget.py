@@ -48,7 +48,7 @@ def test_snr_at_most_k_is_the_served_abstain() -> None:
 def test_runs_on_served_members_and_defers_unreadable_uploads(capsys) -> None:
     """The default (a gate: q) and LeNet-5 (a gate too) give a row each; a blank upload has no
     digit, so the reading defers it at every k (SNR −∞), as the server does."""
-    from benchmarks.budget import _suite_snr
+    from benchmarks.budget import _suite_ranks
     from models.predictor import Predictor
 
     main(["cnn4-lle-vgn-doe-mnist", "lenet5-lle-vgn-mnist", "--per-group", "20"])
@@ -61,7 +61,7 @@ def test_runs_on_served_members_and_defers_unreadable_uploads(capsys) -> None:
     p = Predictor.from_dir("models/zoo/cnn4-lle-vgn-doe-mnist")
     images = np.zeros((2, 28, 28), np.uint8)
     images[1, 6:22, 13:15] = 255  # a stroke: a digit to read
-    snr = _suite_snr(p, images)
+    snr = _suite_ranks(p, images, ["snr"])["snr"]
     assert snr[0] == -np.inf and np.isfinite(snr[1])
 
 
