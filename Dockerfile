@@ -62,8 +62,12 @@ RUN pip install --no-deps . \
  && python -I -c "from models.zoo import default_model_dir; p = default_model_dir(); assert (p / 'model_card.json').is_file(), p; print('default model:', p)"
 
 # Writable state (job database, trained models) lives on a volume, owned by the runtime user.
-RUN mkdir -p /data/models /data/jobs /data/datasets \
- && chown -R vge:vge /data
+# /models and /reviews are the fleet's shared volumes (docker-compose.yml's vge-fleet, the
+# Kubernetes PVCs): made here, owned by that user, so that a new named volume mounted there
+# starts owned by it too (Docker copies the mount point's owner into an empty volume; a path
+# the image lacks would be created root-owned, and neither models nor review images written).
+RUN mkdir -p /data/models /data/jobs /data/datasets /models /reviews \
+ && chown -R vge:vge /data /models /reviews
 VOLUME ["/data"]
 
 # Settings come from the environment (pydantic-settings, prefix VGE_). VGE_MODEL_DIR is left unset

@@ -189,6 +189,21 @@ def check_recorded_weights(entry: dict[str, Any]) -> None:
             )
 
 
+def _same_start(current: LoadedModel, entry: dict[str, Any]) -> bool:
+    """Whether ``entry`` is another replica's start on the model ``current`` serves: the same
+    directory, weights (sha256), name and version. Replicas that start together each record
+    their start, and those entries are adopted as they are; a promote, rollback or reload is
+    always loaded, since it may re-read a card rewritten in place (a new version, a recalibrated
+    ``abstain_k``) over the same weights."""
+    card = current.predictor.card
+    return (
+        entry.get("action") == "start"
+        and str(current.model_dir.resolve()) == entry["model_dir"]
+        and (entry.get("weights_sha256") or card.weights_sha256) == card.weights_sha256
+        and (entry.get("model"), entry.get("version")) == (card.name, card.version)
+    )
+
+
 class PromoteRefused(Conflict):
     """The promote gate found the candidate worse than the served model (409, with the
     comparison); ``force`` serves it anyway."""
@@ -512,22 +527,19 @@ class ModelManager:
         repo = self.history
         if self.fleet is None or repo is None:
             return False
-        latest = await asyncio.to_thread(repo.latest)
-        if latest is None:
-            return False
         changed = False
         async with self._lock:
+            # Read under the lock: a read made while this replica's own promote held it is the
+            # entry before that promote, and acting on it swapped the old model back in for a
+            # poll interval right after the promote answered 200.
+            latest = await asyncio.to_thread(repo.latest)
             current = self._current
-            if current is None:
+            if latest is None or current is None:
                 return False
             before = dict(self.fleet)
-            card = current.predictor.card
-            recorded = latest.get("weights_sha256") or card.weights_sha256
             if current.info.description.get("history_id") == latest["id"]:
                 self._fleet_set(latest, None)
-            elif str(current.model_dir.resolve()) == latest["model_dir"] and (
-                card.weights_sha256 == recorded
-            ):
+            elif _same_start(current, latest):
                 self._fleet_set(latest, None)
                 self._refresh_fleet(history_id=latest["id"])
                 changed = True

@@ -317,6 +317,52 @@ def test_dockerfile_shape():
     assert kinds.count("FROM") >= 1
 
 
+def test_every_volume_the_image_is_run_with_is_made_for_its_user(env_file):
+    """A named volume mounted where the image has no directory is created owned by root, and the
+    server (uid 10001) cannot write there: the fleet's /models and /reviews were such paths
+    (training jobs could not save models, review images were not stored). Every named-volume
+    target of a service running this image is a directory the Dockerfile makes and chowns to
+    the runtime user, or lies under one."""
+    made: set[str] = set()
+    owned: set[str] = set()
+    for kind, arg in _instructions():
+        if kind != "RUN":
+            continue
+        for step in arg.split("&&"):
+            words = step.split()
+            if words[:2] == ["mkdir", "-p"]:
+                made.update(words[2:])
+            elif words[:1] == ["chown"]:
+                owned.update(w for w in words[1:] if w.startswith("/"))
+    uid = next(arg for kind, arg in reversed(_instructions()) if kind == "USER").split(":")[0]
+    # the runtime user by name (useradd --uid UID NAME), the owner the chowns give
+    runs = " ".join(arg for kind, arg in _instructions() if kind == "RUN")
+    user = re.search(rf"useradd [^&]*--uid {uid} [^&]* (\w+)\s*&&", runs)
+    assert user is not None, f"no useradd of uid {uid}"
+    chowns = [arg for kind, arg in _instructions() if kind == "RUN" and "chown" in arg]
+    assert all(f"chown -R {user[1]}:" in arg for arg in chowns), chowns
+
+    def under(path: str, roots: set[str]) -> bool:
+        return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+    res = _compose("--profile", "fleet", "--profile", "postgres", "config", "--format", "json",
+                   env_file=env_file)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    services = json.loads(res.stdout)["services"]
+    targets = {
+        (name, v["target"])
+        for name, svc in services.items()
+        if svc.get("image", "").startswith("${VGE_IMAGE") or "vge" in svc.get("image", "")
+        for v in svc.get("volumes", [])
+        if v.get("type") == "volume"
+    }
+    assert {"/models", "/reviews", "/data"} <= {t for _, t in targets}, targets
+    for name, target in targets:
+        made_here = under(target, made) or any(m.startswith(target + "/") for m in made)  # -p
+        assert made_here, f"{name}: {target} is not made in the image"
+        assert under(target, owned), f"{name}: {target} is not owned by {user[1]} in the image"
+
+
 def test_dockerfile_env_is_valid_settings():
     from service.common.settings import Settings
 

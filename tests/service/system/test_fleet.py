@@ -13,6 +13,7 @@ process id.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -245,6 +246,55 @@ def test_promote_and_rollback_through_any_replica_reach_every_replica(
     assert max(took) <= CONVERGE_S
     top = httpx.get(r3.url + "/v1/models/history", headers=H).json()["history"][0]
     assert (top["action"], top["replica"], top["version"]) == ("rollback", "r2", "1.0.0")
+
+
+def test_the_replica_that_promotes_never_serves_the_old_model_after_its_answer(
+    fleet: Fleet, pngs: list[bytes]
+) -> None:
+    """The fleet loop's read of the newest entry is made under the model lock: a read that
+    waited while this replica's own promote held the lock used to act on the entry before it
+    and swap the old model back in for a poll interval right after the promote answered 200."""
+    r1 = fleet.replicas[0]
+    if not (fleet.models_root / "tiny-v1").exists():
+        copy_model(fleet.start_model, fleet.models_root / "tiny-v1", "1.0.0")
+    steps = [("tiny-v2", "2.0.0"), ("tiny-v1", "1.0.0")]
+    if _served(r1)["version"] == "2.0.0":
+        steps.reverse()
+    for target, want in steps:  # one promote towards each version
+        r = httpx.post(r1.url + "/v1/models/promote", json={"model": target, "force": True},
+                       headers=H, timeout=120)  # fmt: skip
+        assert r.status_code == 200, r.text
+        seen = []
+        deadline = time.monotonic() + 2 * 2.0 + 0.5  # two fleet polls (FLEET_POLL_S), and some
+        while time.monotonic() < deadline:
+            model = _served(r1)
+            seen.append((model["version"], model["served_because"]))
+            assert _predict_version(r1.url, pngs[0]) == want
+            time.sleep(0.1)
+        assert set(seen) == {(want, "promote")}, seen
+        _until_all_serve(fleet, want, time.monotonic())
+
+
+def test_a_reload_of_a_card_rewritten_in_place_reaches_every_replica(fleet: Fleet) -> None:
+    """Same directory, same weights, a new card (version and abstain_k): a reload through one
+    replica is served by every replica (they used to adopt the entry as the model they already
+    served, keeping the old card, and report themselves converged)."""
+    r1, r2, _ = fleet.replicas
+    model_dir = copy_model(fleet.start_model, fleet.models_root / "tiny-rewritten", "5.0.0")
+    r = httpx.post(r1.url + "/v1/models/promote", json={"model": "tiny-rewritten", "force": True},
+                   headers=H, timeout=120)  # fmt: skip
+    assert r.status_code == 200, r.text
+    _until_all_serve(fleet, "5.0.0", time.monotonic())
+    card_path = next(model_dir.glob("*.json"))
+    card = json.loads(card_path.read_text())
+    card["version"] = "5.1.0"
+    card_path.write_text(json.dumps(card))
+    r = httpx.post(r2.url + "/v1/models/reload", headers=H, timeout=120)
+    assert r.status_code == 200, r.text
+    took = _until_all_serve(fleet, "5.1.0", time.monotonic())
+    assert max(took) <= CONVERGE_S
+    for srv in fleet.replicas:
+        _until(lambda s=srv: _served(s)["fleet"]["converged"] is True, "converged", 10)
 
 
 def test_rolling_restart_and_kill_fail_no_request_and_rejoin_on_the_fleet_model(
