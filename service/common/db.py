@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote
 
-from service.common.errors import DatabaseUnavailable
+from service.common.errors import DatabaseUnavailable, InvalidValue
 
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
@@ -136,11 +136,13 @@ class Database:
                     "a postgresql:// database needs psycopg 3: pip install 'vge-serve[postgres]'"
                 ) from None
             self._driver_errors: tuple[type[Exception], ...] = (psycopg.OperationalError,)
+            self._data_errors: tuple[type[Exception], ...] = (psycopg.DataError,)
             # Opening also refuses a URL it cannot use (psycopg.ProgrammingError: an unknown
             # query parameter): reported the same way, its text scrubbed of the URL's secrets.
             opening: tuple[type[Exception], ...] = (psycopg.Error,)
         else:
             self._driver_errors = (sqlite3.OperationalError,)
+            self._data_errors = ()
             opening = self._driver_errors
         with self._errors(opening):
             self._conn: Any = self._connect()
@@ -175,6 +177,9 @@ class Database:
             if self.postgres and getattr(self, "_conn", None) is not None and self._conn.broken:
                 self._conn = self._connect()
             yield
+        except self._data_errors as exc:  # the request's values, not the database: a 422
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
+            raise InvalidValue(f"a value of this request cannot be stored: {detail}") from None
         except caught as exc:
             detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "no detail"
             raise DatabaseUnavailable(

@@ -251,14 +251,15 @@ class Metrics:
         )
         self.reviews = Counter(
             "vge_reviews",
-            "Items reviewed by a human, by outcome: the label agrees with the model, disagrees, "
-            "the reviewer answered not_a_digit (not a class), or skipped.",
+            "Human decisions on queued items, by outcome: the label agrees with the model, "
+            "disagrees, the reviewer answered not_a_digit (not a class), or skipped. An item "
+            "skipped and labelled later counts both decisions; a relabel counts none.",
             ["model", "outcome"],
             registry=r,
         )
         self.review_latency = Histogram(
             "vge_review_latency_seconds",
-            "Time from queueing to a human label or skip.",
+            "Time from queueing to an item's first human decision (a label or a skip).",
             ["model"],
             buckets=REVIEW_BUCKETS,
             registry=r,
@@ -266,7 +267,7 @@ class Metrics:
         self.review_enqueued = Counter(
             "vge_review_enqueue",
             "Images sent to the review queue, by result (queued, already_queued, queue_full, "
-            "unavailable, error).",
+            "unavailable, error; unsupported_input: V2 FP32 input, which is not stored).",
             ["model", "status"],
             registry=r,
         )

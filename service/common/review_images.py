@@ -19,6 +19,7 @@ import hashlib
 import os
 import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 _MAGIC: tuple[tuple[bytes, str], ...] = (
@@ -94,8 +95,36 @@ class BlobStore:
             os.replace(tmp, path)
         return sha
 
+    def ensure(self, data: bytes, sha: str) -> None:
+        """Write ``data`` (whose sha256 is ``sha``) again if its file is gone: an enqueue calls it
+        after its row is in, so that a retention sweep which deleted the image meanwhile (its
+        last reference went with an old item just before the new row appeared) cannot leave a
+        queued item without one (:meth:`delete_unless`)."""
+        if not self.path(sha).exists():
+            self.put(data)
+
     def get(self, sha: str) -> bytes:
         return self.path(sha).read_bytes()
 
     def delete(self, sha: str) -> None:
         self.path(sha).unlink(missing_ok=True)
+
+    def delete_unless(self, sha: str, referenced: Callable[[], bool]) -> bool:
+        """Delete the image unless ``referenced()`` (asked again once the file is out of the way):
+        it is first renamed aside, so an enqueue that checks for it meanwhile (:meth:`ensure`)
+        writes it anew, and it is put back if an item refers to it by then. Whether it was
+        deleted."""
+        path = self.path(sha)
+        aside = path.with_name(f".{sha}.{uuid.uuid4().hex}.deleting")
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:
+            return False
+        if referenced():  # an item queued it between the first check and the rename
+            if path.exists():  # that enqueue wrote it anew (ensure)
+                aside.unlink(missing_ok=True)
+            else:
+                os.replace(aside, path)
+            return False
+        aside.unlink(missing_ok=True)
+        return True

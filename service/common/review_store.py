@@ -42,6 +42,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import statistics
 import time
 import uuid
@@ -122,7 +123,11 @@ def _decode_cursor(cursor: str) -> tuple[float, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         key, item_id = json.loads(raw)
-        return float(key), str(item_id)
+        if not math.isfinite(key := float(key)):  # NaN orders differently in each database
+            raise ValueError("not finite")
+        if "\x00" in (item_id := str(item_id)):  # PostgreSQL's text cannot hold it
+            raise ValueError("NUL")
+        return key, item_id
     except (ValueError, TypeError, UnicodeDecodeError, OverflowError):
         raise InvalidValue(
             f"cursor {cursor!r} is not valid: pass the next_cursor of a previous page"
@@ -291,6 +296,9 @@ class ReviewStore:
                 len(data),
             ),
         )  # fmt: skip
+        # The row is in: if a retention sweep took the image away since it was written above
+        # (its last old item deleted just before this row appeared), it is written again.
+        self.blobs.ensure(data, sha)
         if changed == 0:  # another process queued the same image for this model just now
             existing = db.scalar(
                 "SELECT id FROM reviews WHERE sha256 = ? AND model = ? AND state = 'pending'",
@@ -588,16 +596,27 @@ class ReviewStore:
     ) -> Iterator[tuple[str | None, str, bytes, str]]:
         """``(label, sha256, image bytes, content type)`` of every reviewed item with a class
         label whose image is still stored, oldest first; one image once per label. With
-        ``not_a_digit``: the items marked *not a digit* instead (``label`` None), each image once."""
+        ``not_a_digit``: the items marked *not a digit* instead (``label`` None), each image once.
+        The items are read when this is called (a store that is unavailable raises then); the
+        images as the iterator is consumed."""
+        rows = [r for r in self._reviewed_rows(model) if (r["label"] is None) == not_a_digit]
+        return self._with_images(rows)
+
+    def _reviewed_rows(self, model: str | None) -> list[dict[str, Any]]:
+        """Every reviewed ``(label, sha256, content_type)`` once, in one read (one snapshot):
+        the classes' oldest first, then the *not a digit* images' (``label`` None)."""
         and_model = "AND model = ?" if model else ""
-        has_label = "IS NULL" if not_a_digit else "IS NOT NULL"
         with self.connection.use() as db:
-            rows = db.fetchall(
+            return db.fetchall(
                 "SELECT label, sha256, content_type, MIN(created_at) AS first_at FROM reviews "
-                f"WHERE state = 'reviewed' AND label {has_label} {and_model} "
-                "GROUP BY label, sha256, content_type ORDER BY first_at",
+                f"WHERE state = 'reviewed' {and_model} GROUP BY label, sha256, content_type "
+                "ORDER BY CASE WHEN label IS NULL THEN 1 ELSE 0 END, first_at",
                 (model,) if model else (),
             )
+
+    def _with_images(
+        self, rows: list[dict[str, Any]]
+    ) -> Iterator[tuple[str | None, str, bytes, str]]:
         for r in rows:
             try:
                 data = self.blobs.get(r["sha256"])
@@ -613,18 +632,27 @@ class ReviewStore:
         ``outliers``) the images marked *not a digit* as ``outliers/<sha256>.png``
         (:data:`OUTLIER_FOLDER`, never a class's folder). What the review export's tar and a
         training job's data hold: a class name never becomes a path of its own (``../x`` or
-        ``/abs`` would leave the folder they are written into)."""
+        ``/abs`` would leave the folder they are written into).
+
+        The items are read in one query when this is called, so a store that is unavailable
+        raises here (the export then answers 503, not a 200 with an empty or cut tar), and the
+        classes and the outliers are one snapshot (a relabel meanwhile cannot put an image in
+        both or neither); the images are read as the iterator is consumed."""
+        rows = self._reviewed_rows(model)
+        if not outliers:
+            rows = [r for r in rows if r["label"] is not None]
+        return self._export(rows)
+
+    def _export(self, rows: list[dict[str, Any]]) -> Iterator[tuple[str, bytes]]:
         from service.common.decode import png_has_alpha, to_png
 
         def png(data: bytes, ctype: str) -> bytes:
             # a PNG as stored unless it has transparency, which to_png flattens onto white
             return data if ctype == "image/png" and not png_has_alpha(data) else to_png(data)
 
-        for label, sha, data, ctype in self.reviewed(model):
-            yield f"{class_folder(str(label))}/{sha}.png", png(data, ctype)
-        if outliers:
-            for _, sha, data, ctype in self.reviewed(model, not_a_digit=True):
-                yield f"{OUTLIER_FOLDER}/{sha}.png", png(data, ctype)
+        for label, sha, data, ctype in self._with_images(rows):
+            folder = OUTLIER_FOLDER if label is None else class_folder(str(label))
+            yield f"{folder}/{sha}.png", png(data, ctype)
 
     def not_a_digit_count(self, model: str | None = None) -> int:
         """How many distinct images are marked *not a digit* (what a job's outlier set gets)."""
@@ -650,11 +678,14 @@ class ReviewStore:
                 "DELETE FROM reviews WHERE state <> 'pending' AND reviewed_at < ?", (cutoff,)
             )
             for r in old:
-                still = db.scalar(
-                    "SELECT COUNT(*) AS n FROM reviews WHERE sha256 = ?", (r["sha256"],)
-                )
-                if not still:
-                    self.blobs.delete(r["sha256"])
+                sha = r["sha256"]
+
+                def referenced(sha: str = sha) -> bool:
+                    n = db.scalar("SELECT COUNT(*) AS n FROM reviews WHERE sha256 = ?", (sha,))
+                    return bool(n)
+
+                if not referenced():  # asked again once the file is aside (BlobStore.delete_unless)
+                    self.blobs.delete_unless(sha, referenced)
         return deleted
 
 

@@ -26,10 +26,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from service.common.errors import Forbidden
-from service.common.review_store import ReviewStore
 from service.frontend.auth import ReviewerKey
 from service.frontend.deps import State
 from service.frontend.routes.schemas import error_responses
@@ -40,8 +39,20 @@ router = APIRouter(
 )  # fmt: skip
 page_router = APIRouter(tags=["reviews"])
 
+
+def _no_nul(value: str | None) -> str | None:
+    """Refuse NUL characters: PostgreSQL's text cannot hold them (the store there answered 503
+    and went offline for every request; SQLite stored them)."""
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain NUL (\\x00) characters")
+    return value
+
+
+#: A string without NUL characters (:func:`_no_nul`), for path, query and body fields alike.
+Text = Annotated[str, AfterValidator(_no_nul)]
+
 Reviewer = Annotated[  # optional: each model field of this type says "= None"
-    str | None,
+    Text | None,
     Field(
         min_length=1,
         max_length=200,
@@ -51,7 +62,7 @@ Reviewer = Annotated[  # optional: each model field of this type says "= None"
 ]
 #: The reviewer name of the shared key when the client gives none.
 DEFAULT_REVIEWER = "reviewer"
-ModelName = Annotated[str | None, Query(max_length=128, description="Only this model's items.")]
+ModelName = Annotated[Text | None, Query(max_length=128, description="Only this model's items.")]
 
 
 class LabelRequest(BaseModel):
@@ -60,12 +71,12 @@ class LabelRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    label: Annotated[str, Field(min_length=1, max_length=200)] | Annotated[int, Strict()] | None = (
-        Field(
-            None,
-            description="One of the model's classes; an integer names the class of that name (9 "
-            'for class "9"). Leave it out (or null) with not_a_digit.',
-        )
+    label: (
+        Annotated[Text, Field(min_length=1, max_length=200)] | Annotated[int, Strict()] | None
+    ) = Field(
+        None,
+        description="One of the model's classes; an integer names the class of that name (9 "
+        'for class "9"). Leave it out (or null) with not_a_digit.',
     )
     not_a_digit: Annotated[bool, Strict()] = Field(
         False,
@@ -99,7 +110,9 @@ class ClaimRequest(BaseModel):
     order: Literal["oldest", "vgmu"] = Field(
         "oldest", description="oldest first, or vgmu: the most uncertain (highest VGMU) first"
     )
-    model: str | None = Field(None, max_length=128)
+    model: Text | None = Field(
+        None, max_length=128, description="Only this model's items (empty: every model)."
+    )
 
 
 def _who(request: Request, given: str | None) -> tuple[str, str]:
@@ -119,7 +132,9 @@ def _who(request: Request, given: str | None) -> tuple[str, str]:
 
 
 def _closed(state: State, item: dict[str, Any]) -> dict[str, Any]:
-    """Count a label or skip in the review metrics (a relabel is not a second review)."""
+    """Count a label or skip in the review metrics: every decision on an item that had none, or
+    had only a skip (a skipped item labelled later counts both); a relabel counts none. The wait
+    is observed once, at the item's first decision (its history is empty until then)."""
     if item.get("relabelled"):
         return item
     m = state.metrics
@@ -130,9 +145,10 @@ def _closed(state: State, item: dict[str, Any]) -> dict[str, Any]:
     else:
         outcome = "agree" if item["label"] == item["answer"]["label"] else "disagree"
     m.reviews.labels(model=item["model"], outcome=outcome).inc()
-    m.review_latency.labels(model=item["model"]).observe(
-        max(0.0, item["reviewed_at"] - item["created_at"])
-    )
+    if not item["history"]:  # its first decision
+        m.review_latency.labels(model=item["model"]).observe(
+            max(0.0, item["reviewed_at"] - item["created_at"])
+        )
     return item
 
 
@@ -146,7 +162,7 @@ async def list_reviews(
     model: ModelName = None,
     order: Literal["oldest", "vgmu"] = "oldest",
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=512)] = None,
+    cursor: Annotated[Text | None, Query(max_length=512)] = None,
 ) -> dict[str, Any]:
     """Items in a state, oldest first (``order=vgmu``: most uncertain, highest VGMU, first), a
     page at a time (``next_cursor`` continues in the same order)."""
@@ -177,19 +193,21 @@ async def export_reviews(_: ReviewerKey, state: State, model: ModelName = None) 
     plain ImageFolder of classes)."""
     store = state.review_store()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    # The items are read here, before the 200 goes out: a store that is unavailable answers 503
+    items = await asyncio.to_thread(store.export_items, model)
     return StreamingResponse(
-        _tar_stream(store, model),
+        _tar_stream(items),
         media_type="application/x-tar",
         headers={"Content-Disposition": f'attachment; filename="reviews-{stamp}.tar"'},
     )
 
 
-def _tar_stream(store: ReviewStore, model: str | None) -> Iterator[bytes]:
+def _tar_stream(items: Iterator[tuple[str, bytes]]) -> Iterator[bytes]:
     """A tar written item by item (Starlette runs this sync generator in a thread); its members
     are ``<class folder>/<sha256>.png`` (``ReviewStore.export_items``), never another path."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w|") as tar:
-        for path, png in store.export_items(model):
+        for path, png in items:
             info = tarfile.TarInfo(path)
             info.size, info.mtime, info.mode = len(png), int(time.time()), 0o644
             tar.addfile(info, io.BytesIO(png))
@@ -210,13 +228,14 @@ async def claim_review(
     body = body or ClaimRequest()
     store = state.review_store()
     who, via = _who(request, body.reviewer)
-    item = await asyncio.to_thread(store.claim, who, order=body.order, model=body.model, via=via)
-    pending = await asyncio.to_thread(store.pending_count, body.model)
+    model = body.model or None  # empty: every model, as in the list, stats and export
+    item = await asyncio.to_thread(store.claim, who, order=body.order, model=model, via=via)
+    pending = await asyncio.to_thread(store.pending_count, model)
     return {"review": item, "pending": pending, "lease_s": store.lease_s, "reviewer": who}
 
 
 @router.get("/{review_id}")
-async def get_review(review_id: str, _: ReviewerKey, state: State) -> dict[str, Any]:
+async def get_review(review_id: Text, _: ReviewerKey, state: State) -> dict[str, Any]:
     """One item: the stored answer, its state, label and reviewer."""
     return await asyncio.to_thread(state.review_store().get, review_id)
 
@@ -226,7 +245,7 @@ async def get_review(review_id: str, _: ReviewerKey, state: State) -> dict[str, 
     response_class=Response,
     responses={200: {"content": {"image/*": {}}, "description": "The original image bytes."}},
 )
-async def review_image(review_id: str, _: ReviewerKey, state: State) -> Response:
+async def review_image(review_id: Text, _: ReviewerKey, state: State) -> Response:
     """The original bytes of the queued image, with their content type (never run as a page:
     ``nosniff`` and a CSP that allows nothing, not even framing)."""
     data, ctype = await asyncio.to_thread(state.review_store().image, review_id)
@@ -236,7 +255,7 @@ async def review_image(review_id: str, _: ReviewerKey, state: State) -> Response
 
 @router.post("/{review_id}", responses=error_responses(409))
 async def label_review(
-    review_id: str, body: LabelRequest, _: ReviewerKey, state: State, request: Request
+    review_id: Text, body: LabelRequest, _: ReviewerKey, state: State, request: Request
 ) -> dict[str, Any]:
     """Record the human label (one of the model's classes, else 422), or ``"not_a_digit": true``
     (none of them: no class; trains as an outlier) → ``reviewed``; a reviewed item is relabelled
@@ -252,7 +271,7 @@ async def label_review(
 
 @router.post("/{review_id}/skip", responses=error_responses(409))
 async def skip_review(
-    review_id: str, _: ReviewerKey, state: State, request: Request, body: SkipRequest | None = None
+    review_id: Text, _: ReviewerKey, state: State, request: Request, body: SkipRequest | None = None
 ) -> dict[str, Any]:
     """Take a pending item out of the queue without a label → ``skipped`` (the body is
     optional)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 from pathlib import Path
 
@@ -148,7 +150,103 @@ def test_list_orders_and_paginates(db_url: str, tmp_path: Path) -> None:
     huge = base64.urlsafe_b64encode(b"[" + b"9" * 310 + b', "a"]').decode()  # over a float
     with pytest.raises(InvalidValue, match="cursor"):
         store.list(cursor=huge)
+    # A NaN or infinite key (NaN ordered differently by SQLite and PostgreSQL: no item, or every
+    # item) and a NUL in the id (PostgreSQL's text cannot hold it) are not cursors either.
+    for key, item_id in ((float("nan"), ids[0]), (float("inf"), ids[0]), (0.5, "a\x00b")):
+        bad = base64.urlsafe_b64encode(json.dumps([key, item_id]).encode()).decode()
+        with pytest.raises(InvalidValue, match="cursor"):
+            store.list(order="vgmu", cursor=bad)
     assert store.list(state="reviewed")[0] == []
+    assert store.connection.up
+
+
+def test_a_nul_in_a_value_is_the_clients_error_and_the_store_stays_up(
+    db_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL's text cannot hold NUL: a value with one was a driver DataError, taken for an
+    outage (503, the shared connection closed, the store down for every request). It is a 422
+    now, and the store stays up; SQLite stores NUL, so there the id is simply not found."""
+    store = make_store(db_url, tmp_path)
+    item = queue(store, PNG + b"n").review_id
+    postgres = db_url.startswith("postgresql")
+    for call in (
+        lambda: store.get("a\x00b"),
+        lambda: store.stats("m\x00"),
+        lambda: store.label(item, "3", "ann\x00"),
+    ):
+        if postgres:
+            with pytest.raises(InvalidValue, match="cannot be stored"):
+                call()
+        else:
+            with contextlib.suppress(NotFound):
+                call()
+        assert store.connection.up
+    assert store.get(item)["id"] == item  # the connection still answers
+
+
+def test_a_sweep_racing_an_enqueue_never_leaves_a_queued_item_without_its_image(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The image of an old closed item is queued again while the retention sweep deletes that
+    item: the sweep found no other reference (the new row was not in yet) and deleted the file,
+    and the new item was answered queued with no image (404 on its image, a reviewer page
+    stuck). The enqueue now writes the image again once its row is in."""
+    store = make_store(db_url, tmp_path)
+    old = queue(store, PNG + b"race", now=0.0).review_id
+    store.label(old, "3", "x", now=10.0)
+    put = store.blobs.put
+    swept: list[int] = []
+
+    def put_then_sweep(data: bytes) -> str:  # the sweep runs between the write and the INSERT
+        sha = put(data)
+        if not swept:
+            swept.append(store.sweep(retention_days=2, now=5 * 86400.0))
+        return sha
+
+    store.blobs.put = put_then_sweep  # type: ignore[method-assign]
+    new = queue(store, PNG + b"race", now=5 * 86400.0)
+    store.blobs.put = put  # type: ignore[method-assign]
+    assert swept == [1] and new.status == "queued"
+    assert store.image(new.review_id) == (PNG + b"race", "image/png")
+
+
+def test_a_blob_is_deleted_only_while_nothing_refers_to_it(tmp_path: Path) -> None:
+    """The sweep's second look (BlobStore.delete_unless): the file is set aside, the references
+    counted again, and it is put back when an item appeared meanwhile, or left as an enqueue
+    wrote it anew (ensure) in the same window."""
+    from service.common.review_images import BlobStore
+
+    blobs = BlobStore(tmp_path / "b")
+    sha = blobs.put(b"img")
+    assert blobs.delete_unless(sha, lambda: True) is False and blobs.get(sha) == b"img"
+
+    def enqueued_meanwhile() -> bool:
+        blobs.ensure(b"img", sha)  # the file is aside: written anew
+        return True
+
+    assert blobs.delete_unless(sha, enqueued_meanwhile) is False and blobs.get(sha) == b"img"
+    assert blobs.delete_unless(sha, lambda: False) is True
+    assert not blobs.path(sha).exists() and not list((tmp_path / "b").rglob(".*"))
+    assert blobs.delete_unless(sha, lambda: False) is False  # already gone
+
+
+def test_the_export_reads_its_items_when_asked(tmp_path: Path) -> None:
+    """export_items reads the items when called, so an unavailable store raises there (the
+    route then answers 503; it answered 200 with an empty tar), not once the response began."""
+    from service.common.review_connection import ReviewStoreUnavailable
+
+    url = f"sqlite:///{tmp_path}/q.sqlite3"
+    store = make_store(url, tmp_path)
+    item = queue(store, PNG + b"e").review_id
+    store.label(item, "3", "ann")
+    outlier = queue(store, PNG + b"o").review_id
+    store.mark_not_a_digit(outlier, "ann")
+    items = store.export_items()
+    (tmp_path / "q.sqlite3").unlink()
+    paths = [path for path, _ in items]  # read before the file went: every item
+    assert [p.split("/")[0] for p in paths] == ["3", "outliers"]
+    with pytest.raises(ReviewStoreUnavailable):
+        store.export_items()
 
 
 def test_label_validation_and_state_changes(db_url: str, tmp_path: Path) -> None:

@@ -143,3 +143,60 @@ def test_a_wrong_key_returns_to_the_login_form(
         assert browser.find_element(By.ID, "login").is_displayed()
     finally:
         srv.stop()
+
+
+def test_no_key_labels_an_item_the_page_does_not_show_and_a_failed_label_is_kept(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes], browser
+) -> None:
+    """Found by review (2026-11-29). (1) An item whose image could not be fetched was claimed
+    but never drawn, and the next key press labelled it, unseen, with the previous item's image
+    still on screen: now an item is shown (and keys act) only once drawn, and an item whose
+    image is gone can only be skipped. (2) A label the server could not store (the store briefly
+    down) was dropped and the page stopped: now the item stays shown and pressing again, once
+    the store is back, records it."""
+    import hashlib
+
+    from selenium.webdriver.common.by import By
+
+    work = tmp_path_factory.mktemp("review-page-faults")
+    srv = start_in_process(work, tiny_model, review_queue="on", reviewer_key=KEY)
+    try:
+        files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[30:33])]
+        r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
+        ids = [x["review_id"] for x in r.json()["results"]]
+        sha = hashlib.sha256(pngs[31]).hexdigest()
+        (work / "reviews" / "blobs" / sha[:2] / sha).unlink()  # the second item's image is gone
+
+        browser.get(srv.url + "/review")
+        browser.find_element(By.ID, "key").send_keys(KEY)
+        browser.find_element(By.ID, "start").click()
+        body = browser.find_element(By.TAG_NAME, "body")
+        status = browser.find_element(By.ID, "status")
+        _wait(lambda: body.get_attribute("data-review-id") == ids[0], what="the first item")
+        body.send_keys("3")
+        _wait(lambda: body.get_attribute("data-review-id") == ids[1], what="the imageless item")
+        _wait(lambda: "no longer stored" in status.text, what="the missing image said")
+        assert not browser.find_element(By.CSS_SELECTOR, "#classes button.label").is_enabled()
+        body.send_keys("7")  # no label for an image nobody can see
+        time.sleep(1.0)
+        assert httpx.get(f"{srv.url}/v1/reviews/{ids[1]}", headers=H).json()["state"] == "pending"
+        body.send_keys("s")  # it can be skipped
+        _wait(lambda: body.get_attribute("data-review-id") == ids[2], what="the third item")
+        assert httpx.get(f"{srv.url}/v1/reviews/{ids[1]}", headers=H).json()["state"] == "skipped"
+
+        store = work / "reviews" / "reviews.sqlite3"
+        aside = store.with_name("aside.sqlite3")
+        store.rename(aside)  # the store is down
+        body.send_keys("5")
+        _wait(lambda: "not saved" in status.text, what="the failed label said")
+        assert body.get_attribute("data-review-id") == ids[2]  # still shown, still claimed
+        aside.rename(store)  # back
+        _wait(lambda: httpx.get(srv.url + "/v1/reviews/stats", headers=H).status_code == 200,
+              what="the store back", timeout=30)  # fmt: skip
+        body.send_keys("5")  # pressed again: recorded
+        _wait(lambda: browser.find_element(By.ID, "empty").is_displayed(), what="empty queue")
+        item = httpx.get(f"{srv.url}/v1/reviews/{ids[2]}", headers=H).json()
+        assert (item["state"], item["label"]) == ("reviewed", "5")
+        assert httpx.get(f"{srv.url}/v1/reviews/{ids[0]}", headers=H).json()["label"] == "3"
+    finally:
+        srv.stop()

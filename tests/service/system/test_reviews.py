@@ -497,3 +497,54 @@ def test_two_replicas_share_one_postgres_queue(
     finally:
         a.stop()
         b.stop()
+
+
+def test_review_requests_refused_or_counted_as_they_should_be(
+    tmp_path: Path, tiny_model: Path, pngs: list[bytes]
+) -> None:
+    """Found by review (2026-11-29): a NUL in any string (PostgreSQL's text cannot hold it: the
+    store answered 503 and went down for everyone) is a 422 naming the field on every backend; a
+    claim for the model "" counted the pending items of a model named "" while handing out any
+    model's (empty is every model, as in the list, stats and export); an item skipped and then
+    labelled observed its wait twice; the export of an unavailable store answered 200 with an
+    empty tar."""
+    srv = start_in_process(tmp_path / "srv", tiny_model, review_queue="on",
+                           reviewer_key=REVIEWER_KEY, api_key=API_KEY)  # fmt: skip
+    try:
+        queued = predict(srv, pngs[:2], review="always")
+        assert [r["review_status"] for r in queued] == ["queued"] * 2
+        for method, path, kwargs in (
+            ("GET", "/v1/reviews/a%00b", {}),
+            ("GET", "/v1/reviews/a%00b/image", {}),
+            ("GET", "/v1/reviews/stats?model=a%00", {}),
+            ("GET", "/v1/reviews?model=a%00", {}),
+            ("POST", "/v1/reviews/claim", {"json": {"reviewer": "a\x00b"}}),
+            ("POST", "/v1/reviews/claim", {"json": {"model": "m\x00"}}),
+            ("POST", f"/v1/reviews/{queued[0]['review_id']}", {"json": {"label": "3\x00"}}),
+            ("POST", f"/v1/reviews/{queued[0]['review_id']}/skip",
+             {"json": {"reviewer": "x\x00"}}),
+        ):  # fmt: skip
+            r = httpx.request(method, srv.url + path, headers=R, timeout=10, **kwargs)
+            assert r.status_code == 422 and "NUL" in r.text, (path, r.status_code, r.text)
+        claim = httpx.post(srv.url + "/v1/reviews/claim", headers=R, json={"model": ""})
+        assert claim.status_code == 200, claim.text
+        item = claim.json()["review"]
+        assert item is not None and claim.json()["pending"] == 2  # every model's, as handed out
+
+        waits = srv.metric("vge_review_latency_seconds_count")
+        skipped = httpx.post(f"{srv.url}/v1/reviews/{item['id']}/skip", headers=R)
+        assert skipped.status_code == 200, skipped.text
+        label = item["answer"]["label"]
+        done = httpx.post(f"{srv.url}/v1/reviews/{item['id']}", headers=R, json={"label": label})
+        assert done.status_code == 200 and done.json()["state"] == "reviewed", done.text
+        assert srv.metric("vge_reviews_total", outcome="skipped") == 1
+        assert srv.metric("vge_reviews_total", outcome="agree") == 1  # both decisions counted
+        assert srv.metric("vge_review_latency_seconds_count") == waits + 1  # its wait once
+
+        (tmp_path / "srv" / "reviews" / "reviews.sqlite3").unlink()
+        export = httpx.get(srv.url + "/v1/reviews/export", headers=R, timeout=10)
+        assert export.status_code == 503, (export.status_code, export.headers, export.content[:80])
+        assert export.json()["code"] == "review_store_unavailable", export.text
+        assert "Retry-After" in export.headers
+    finally:
+        srv.stop()
