@@ -60,6 +60,18 @@ class CNN4(Backbone):
         shared_stem: bool = True,
     ) -> None:
         super().__init__()
+        for name, value, low in (("width", width, 1), ("hidden", hidden, 1),
+                                 ("head_hidden", head_hidden, 0), ("branches", branches, 1),
+                                 ("branch_width", branch_width, 0)):  # fmt: skip
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name, rate in (("dropout", dropout), ("head_dropout", head_dropout)):
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {rate!r}")
+        if not 0.0 < head_subspace <= 1.0:
+            raise ValueError(f"head_subspace must be in (0, 1], got {head_subspace!r}")
+        if fc_activation not in ("relu", "tanh"):
+            raise ValueError(f"fc_activation must be 'relu' or 'tanh', got {fc_activation!r}")
         activation = nn.Tanh() if fc_activation == "tanh" else nn.ReLU(inplace=True)
         if branches == 1 and not shared_stem:
             raise ValueError("shared_stem: false splits towers: it needs branches > 1")

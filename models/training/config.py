@@ -12,7 +12,9 @@ from torch.overrides import TorchFunctionMode
 
 from models.checkpoint import (
     ARCHITECTURE_LIMITS,
+    CARD_LIMITS,
     MODEL_NAME_PATTERN,
+    VERSION_PATTERN,
     ArchitectureSpec,
     ModelCard,
 )
@@ -87,8 +89,13 @@ class TrainConfig(ArchitectureSpec):
         description="model name (letters, digits, '.', '_', '-'; it names the model in URLs such "
         "as /v2/models/{name}); default <backbone>-<kind>[-vgn]-<data>",
     )
-    version: str = "1.0.0"
-    description: str = ""
+    # as the model card takes them (checked here, not after training, when the card is written)
+    version: str = Field(
+        "1.0.0", pattern=VERSION_PATTERN,
+        description="model version: a letter or digit, then letters, digits, '.', '_', '+', '-' "
+        "(at most 64 characters)",
+    )  # fmt: skip
+    description: str = Field("", max_length=CARD_LIMITS["text"])
     dataset: str = Field(
         "mnist-bundled",
         description="mnist-bundled | torchvision name | imagefolder:<path> | "
@@ -257,9 +264,13 @@ class TrainConfig(ArchitectureSpec):
     def _device(cls, v: str | None) -> str | None:
         if v is not None:
             try:
-                torch.device(v)
+                kind = torch.device(v).type
             except RuntimeError:
-                raise ValueError("must be 'cpu', 'cuda' or 'cuda:N'") from None
+                kind = ""
+            # torch knows more device types (xpu, hpu, meta, …): this build trains on these only
+            # (others were accepted and failed at run time, a traceback in the CLI)
+            if kind not in ("cpu", "cuda", "mps"):
+                raise ValueError(f"must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {v!r}")
         return v
 
     @property
@@ -285,8 +296,15 @@ class TrainConfig(ArchitectureSpec):
         with torch.device("meta"), _BoundedBuild():
             try:
                 n = sum(p.numel() for p in self.build(classes, channels).parameters())
-            except TypeError as exc:  # the backbone's constructor: an unexpected keyword
-                raise ValueError(f"backbone_kwargs do not fit {self.backbone}: {exc}") from None
+            except ValueError:
+                raise
+            except (TypeError, RuntimeError, ArithmeticError) as exc:
+                # the backbone's constructor: an unexpected keyword (TypeError), or a size it
+                # cannot build (a negative or zero width: RuntimeError, ZeroDivisionError)
+                raise ValueError(
+                    f"backbone_kwargs {self.backbone_kwargs} do not fit {self.backbone}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
         if n > LIMITS["parameters"]:
             raise ValueError(
                 f"the ensemble would have {n:,} parameters; at most {LIMITS['parameters']:,} "
@@ -310,6 +328,13 @@ class TrainConfig(ArchitectureSpec):
             raise ValueError("augment_elastic is part of the training augmentation: set augment")
         if self.target_deferral is not None and self.target_risk is not None:
             raise ValueError("give at most one of target_deferral and target_risk")
+        if self.image_size is not None:
+            folder = parse_imagefolder(self.dataset)
+            if folder is None or folder[1]:  # its images come at the dataset's own size
+                raise ValueError(
+                    f"image_size resizes the images of a plain 'imagefolder:<path>' dataset; "
+                    f"{self.dataset!r} is read at its own size: leave image_size out"
+                )
         return self
 
     def model_name(self) -> str:

@@ -93,11 +93,16 @@ def train_loader(dataset: Dataset, config: TrainConfig, rt: Runtime) -> TrainLoa
             dataset, num_replicas=rt.world, rank=rt.rank, shuffle=True, seed=config.seed
         )
     gen = torch.Generator().manual_seed(config.seed)
+    # A last batch of one image cannot train a network with BatchNorm (its batch statistics need
+    # two): it is dropped, one image an epoch (another each epoch: the order is reshuffled).
+    # Runs whose count leaves any other remainder are unchanged.
+    n = len(sampler) if sampler is not None else len(dataset)  # type: ignore[arg-type]
     loader = DataLoader(
         dataset,
         batch_size=config.batch_size,
         shuffle=sampler is None,
         sampler=sampler,
         generator=gen if sampler is None else None,
+        drop_last=n % config.batch_size == 1 and n > 1,
     )
     return TrainLoader(loader, sampler)

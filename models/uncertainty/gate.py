@@ -27,6 +27,8 @@ def as_gate_k(k: float | Tensor, num_classes: int, like: Tensor) -> Tensor:
         raise ValueError(
             f"gate k must be a scalar or have one value per class ({num_classes}); got shape {tuple(k_t.shape)}"
         )
+    if k_t.is_meta:  # a build on the meta device (counting parameters): no values to check
+        return k_t
     if not bool(torch.isfinite(k_t).all()) or bool((k_t <= 0).any()):
         raise ValueError("gate k must be finite and > 0")
     return k_t

@@ -77,6 +77,8 @@ def load_probs(path: Path) -> np.ndarray:
                 raise CliError(f"{path}: 'probs' is not a .npy array inside the .npz")
     if not np.issubdtype(data.dtype, np.number) or np.issubdtype(data.dtype, np.complexfloating):
         raise CliError(f"{path}: expected a real numeric array, got dtype {data.dtype}")
+    if data.dtype.kind == "f" and data.itemsize > 8:  # long double: torch has no such type
+        data = data.astype(np.float64)
     return data
 
 

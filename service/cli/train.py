@@ -166,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
         # class folders; RuntimeError: torch refusing the run (its first line says why)
         raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     except OSError as exc:
-        raise CliError(f"{args.out}: cannot write the model ({exc.strerror or exc})") from None
+        if str(exc.filename or "").startswith(str(args.out)):
+            raise CliError(f"{args.out}: cannot write the model ({exc.strerror or exc})") from None
+        # the data (an image that cannot be read, a folder it may not list), not the output
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise CliError(f"{where}{exc.strerror or str(exc).splitlines()[0]}") from None
     print(out)
     return 0

@@ -95,12 +95,17 @@ class JobStore:
         rows = self.db.fetchall("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
         return [_row(r) for r in rows]
 
-    def events(self, job_id: str, limit: int = 200) -> builtins.list[dict[str, Any]]:
+    def events(self, job_id: str, steps: int = 200) -> builtins.list[dict[str, Any]]:
+        """The job's events in order: every one but its ``step`` events (start, each epoch,
+        calibration, done, ...), and the newest ``steps`` of those (a long job stores thousands:
+        :data:`MAX_STORED_EVENTS`; its log has them all)."""
         rows = self.db.fetchall(
-            "SELECT ts, event FROM job_events WHERE job_id = ? ORDER BY seq DESC LIMIT ?",
-            (job_id, limit),
+            "SELECT ts, event FROM job_events WHERE job_id = ? ORDER BY seq", (job_id,)
         )
-        return [{"ts": r["ts"], **json.loads(r["event"])} for r in reversed(rows)]
+        events = [{"ts": r["ts"], **json.loads(r["event"])} for r in rows]
+        at = [i for i, e in enumerate(events) if e.get("type") == "step"]
+        dropped = set(at[: max(0, len(at) - steps)])
+        return [e for i, e in enumerate(events) if i not in dropped]
 
     def in_state(self, *states: JobState) -> builtins.list[JobRow]:
         """This replica's jobs in ``states`` (jobs of older versions, without owner, count too)."""

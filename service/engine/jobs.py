@@ -84,6 +84,8 @@ _SERVER_SET = {
     "model's weights, or init: scratch",
 }
 CANCEL_GRACE_S = 10.0
+#: How often a running job's monitor looks for a cancel made through another replica.
+CANCEL_POLL_S = 1.0
 #: How often finished jobs' logs past their retention are looked for (at most).
 LOG_SWEEP_INTERVAL_S = 3600.0
 
@@ -257,9 +259,17 @@ class JobManager:
             if "vgn" in user and user["vgn"] != card.vgn:
                 base.pop("loss", None)  # the served loss suits its own gate, re-resolved
                 base.pop("k", None)
+            if "backbone" in user and user["backbone"] != base.get("backbone"):
+                base.pop("backbone_kwargs", None)  # the served backbone's, not the new one's
+            for one, other in (("target_risk", "target_deferral"),
+                               ("target_deferral", "target_risk")):  # fmt: skip
+                if user.get(one) is not None:
+                    base.pop(other, None)  # the calibration the job asks for replaces the served
+            # <served version>-<job id>, the served part cut so that it stays a card's version
+            served_version = _RETRAIN_SUFFIX.sub("", card.version)[: 64 - len(job_id) - 1]
             base.update(
                 name=card.name,
-                version=f"{_RETRAIN_SUFFIX.sub('', card.version)}-{job_id}",
+                version=f"{served_version}-{job_id}",
                 description=f"{card.name} {card.version} retrained by training job {job_id}",
             )
             config = {**base, **user}
@@ -335,6 +345,12 @@ class JobManager:
             estimate = estimate_training_memory(cfg)
         except ValueError as exc:
             raise InvalidValue(f"invalid training config: {exc}") from None
+        except (TypeError, RuntimeError, ArithmeticError) as exc:  # a forward pass it cannot run
+            raise InvalidValue(
+                f"invalid training config: the model cannot run one batch "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                f"check backbone_kwargs {cfg.backbone_kwargs}"
+            ) from None
         budget = self.memory_budget(cfg.device)
         if estimate.total_bytes > budget:
             source = (
@@ -487,6 +503,20 @@ class JobManager:
         for state in JOB_STATES:
             self.metrics.training_jobs.labels(state=state).set(counts.get(state, 0))
 
+    def _stop_if_cancelled_elsewhere(self, job_id: str, r: _Running) -> None:
+        """Stop this replica's running job when a cancel reached it through another replica
+        sharing the jobs database (which can only mark it: the process is this one's)."""
+        if r.stop.is_set():
+            return
+        try:
+            job = self.store.get(job_id)
+        except Exception:  # noqa: BLE001 - a database outage: asked again at the next poll
+            return
+        if job is not None and job["cancel_requested"]:
+            log.info("job %s: cancelled through another replica; stopping it", job_id)
+            r.stop.set()
+            threading.Thread(target=self._force_stop, args=(r,), daemon=True).start()
+
     @staticmethod
     def _force_stop(r: _Running) -> None:
         r.process.join(CANCEL_GRACE_S)
@@ -531,6 +561,7 @@ class JobManager:
         result: dict[str, Any] | None = None
         error: str | None = None
         last_metrics: dict[str, Any] = {}
+        checked = time.monotonic()
         while True:
             try:
                 event = r.events.get(timeout=0.25)
@@ -541,9 +572,15 @@ class JobManager:
                     except queue.Empty:
                         break
                 else:
-                    continue
-            except (EOFError, OSError):
+                    event = None
+            except Exception:  # noqa: BLE001 - a torn message (the child killed mid-send)
+                log.exception("job %s: its event channel broke; waiting for its process", job_id)
                 break
+            if time.monotonic() - checked >= CANCEL_POLL_S:  # however busy the channel is
+                checked = time.monotonic()
+                self._stop_if_cancelled_elsewhere(job_id, r)
+            if event is None:
+                continue
             kind = event.get("type")
             if kind == "_result":
                 result = event

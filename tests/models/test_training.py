@@ -638,3 +638,20 @@ def test_fine_tune_from_a_model_and_served_config(tiny_run, tmp_path):
     r = run_vge("train", "--out", str(tmp_path / "o"), "--init-from", str(tmp_path / "nothing"))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "model card not found" in lines[0], r.stderr
+
+
+def test_a_last_batch_of_one_image_is_dropped() -> None:
+    """A last batch of one image cannot train BatchNorm (cnn4's feature layer: "Expected more
+    than 1 value per channel"): 129 images in batches of 128 trained one batch and failed on the
+    second. That batch is dropped; any other remainder is kept."""
+    from torch.utils.data import TensorDataset
+
+    from models.training.config import TrainConfig
+    from models.training.data import train_loader
+    from models.training.runtime import Runtime
+
+    rt = Runtime(torch.device("cpu"))
+    for n, sizes in ((129, [128]), (130, [128, 2]), (1, [1]), (128, [128])):
+        data = TensorDataset(torch.zeros(n, 1), torch.zeros(n, dtype=torch.long))
+        loader = train_loader(data, TrainConfig(batch_size=128), rt)
+        assert [len(x) for x, _ in loader] == sizes, n

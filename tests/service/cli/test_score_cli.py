@@ -180,3 +180,14 @@ def test_a_reader_that_goes_away_is_no_traceback(tmp_path: Path) -> None:
     proc.stdout.close()  # the reader goes away
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and b"Traceback" not in err, err
+
+
+def test_long_double_input_is_scored_as_float64(tmp_path: Path) -> None:
+    """A float128 array (NumPy's long double) was a traceback: torch has no such type."""
+    wide, plain = tmp_path / "wide.npy", tmp_path / "plain.npy"
+    np.save(wide, np.array([A4_P0, A3_Q0], dtype=np.longdouble))
+    np.save(plain, np.array([A4_P0, A3_Q0], dtype=np.float64))
+    a = vge("score", str(wide), "--gate-k", "2", "--abstain-k", "3.4")
+    b = vge("score", str(plain), "--gate-k", "2", "--abstain-k", "3.4")
+    assert a.returncode == 0 and not a.stderr, a.stderr
+    assert a.stdout == b.stdout

@@ -66,7 +66,8 @@ def test_flag_kinds_follow_the_field_types() -> None:
 
 
 #: Flags that are refused without their partner flag.
-PARTNERS = {"k": ["--vgn"], "augment_read": ["--augment"], "augment_elastic": ["--augment"]}
+PARTNERS = {"k": ["--vgn"], "augment_read": ["--augment"], "augment_elastic": ["--augment"],
+            "image_size": ["--dataset", "imagefolder:digits"]}  # fmt: skip
 
 
 def test_every_flag_reaches_the_config() -> None:
@@ -168,6 +169,21 @@ def test_the_run_gets_the_flags(tmp_path, monkeypatch) -> None:
     )  # fmt: skip
 
 
+def test_a_fixed_gate_k_reaches_the_run(tmp_path, monkeypatch) -> None:
+    """``--vgn --k 2`` was a traceback: the up-front build checked k's value on the meta
+    device."""
+    import models.training
+
+    got: dict = {}
+    monkeypatch.setattr(models.training, "train", lambda config, out, on_event=None:
+                        got.update(config=config) or out)  # fmt: skip
+    for k, expected in (("2", 2.0), ("[1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5]",
+                                      [1.5] * 10)):  # fmt: skip
+        argv = ["train", "--out", str(tmp_path / "m"), "--vgn", "--k", k, "--quiet"]
+        assert main(argv) == 0
+        assert got["config"].k == expected
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
@@ -178,6 +194,12 @@ def test_the_run_gets_the_flags(tmp_path, monkeypatch) -> None:
         (["--backbone", "vgg"], "unknown backbone"),
         (["--k", "0.5"], "k is only meaningful with vgn"),
         (["--augment", "yes"], "unrecognized arguments: yes"),
+        # found by review (2026-11-29): tracebacks (exit 1), or failures after training
+        (["--device", "xpu"], "must be 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+        (["--backbone", "cnn4", "--backbone-kwargs", '{"hidden": 0}'], "hidden must be"),
+        (["--backbone", "cnn4", "--backbone-kwargs", '{"width": -1}'], "width must be"),
+        (["--version", "1.0 beta/x"], "version"),
+        (["--image-size", "64"], "image_size resizes the images of a plain"),
     ],
 )
 def test_mistakes_are_one_line_exit_2(tmp_path, capsys, argv, words) -> None:

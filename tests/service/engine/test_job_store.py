@@ -7,6 +7,7 @@ mark another replica's running jobs interrupted (``in_state`` sees only its own)
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,68 @@ def test_only_a_succeeded_job_is_promoted(tmp_path: Path) -> None:
     jobs.store.update("job-q", state="succeeded")  # succeeded without a model: still refused
     with pytest.raises(Conflict, match="is succeeded, not succeeded"):
         asyncio.run(Engine._load_job_model(engine, "job-q", False))  # type: ignore[arg-type]
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")  # the hidden=0 build
+def test_submissions_are_judged_before_they_run(tmp_path: Path) -> None:
+    """Found by review (2026-11-29): a fixed VGN k was a 500 (its value checked on the meta
+    device), widths of 0 or below a 500, an unknown device or a version the card refuses were
+    accepted and failed after training; a target_risk or another backbone conflicted with the
+    served recipe's target_deferral and backbone_kwargs (a 422 for a valid submission)."""
+    import json
+    import shutil
+
+    from service.common.errors import InvalidValue
+
+    jobs = _manager(tmp_path)
+    served = Path(__file__).resolve().parents[3] / "models" / "zoo" / "cnn4-lle-vgn-doe-mnist"
+    job = "job-0123456789ab"
+    cfg, _ = jobs._resolve(job, {"k": 2.0}, served)
+    assert cfg.k == 2.0 and cfg.vgn
+    cfg, _ = jobs._resolve(job, {"k": [1.5] * 10}, served)
+    assert cfg.k == [1.5] * 10
+    cfg, _ = jobs._resolve(job, {"target_risk": 0.01}, served)
+    assert (cfg.target_risk, cfg.target_deferral) == (0.01, None)
+    cfg, _ = jobs._resolve(job, {"backbone": "lenet5"}, served)
+    assert cfg.backbone == "lenet5" and cfg.backbone_kwargs == {}
+    assert cfg.version == f"4.0.0-{job}"
+    long_card = tmp_path / "long"
+    shutil.copytree(served, long_card)
+    card = json.loads((long_card / "model_card.json").read_text())
+    card["version"] = "1." + "0" * 62  # 64 characters: the longest a card takes
+    (long_card / "model_card.json").write_text(json.dumps(card))
+    cfg, _ = jobs._resolve(job, {"epochs": 1}, long_card)
+    assert cfg.version.endswith(f"-{job}") and len(cfg.version) == 64
+    for given, words in (
+        ({"backbone_kwargs": {"hidden": 0}}, "hidden must be an integer >= 1"),
+        ({"backbone_kwargs": {"hidden": -5}}, "hidden must be an integer >= 1"),
+        ({"backbone_kwargs": {"width": 0}}, "width must be an integer >= 1"),
+        ({"backbone_kwargs": {"fc_activation": "gelu"}}, "fc_activation must be 'relu' or"),
+        ({"backbone": "lenet5", "backbone_kwargs": {"hidden": 0}}, "backbone_kwargs"),
+        ({"device": "xpu"}, "device: must be 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+        ({"device": "meta"}, "device: must be"),
+        ({"version": "1.0 beta/x"}, "version"),
+        ({"description": "x" * 5000}, "description"),
+        ({"image_size": 64}, "image_size resizes the images of a plain"),
+    ):
+        with pytest.raises(InvalidValue, match=re.escape(words)):
+            jobs._resolve(job, dict(given), served)
+
+
+def test_a_jobs_answer_keeps_every_event_but_old_steps(tmp_path: Path) -> None:
+    """GET /v1/training-jobs/{id} gave the last 200 events: a long job's start and first
+    epochs were gone. Now every event but the step events, and the newest 200 of those."""
+    store = JobStore(Database(f"sqlite:///{tmp_path}/jobs.sqlite3"), owner="a")
+    store.create("job-a", {"epochs": 3})
+    store.add_event("job-a", {"type": "start"})
+    for epoch in range(3):
+        for step in range(150):
+            store.add_event("job-a", {"type": "step", "epoch": epoch, "step": step})
+        store.add_event("job-a", {"type": "epoch", "epoch": epoch})
+    store.add_event("job-a", {"type": "done"})
+    events = store.events("job-a")
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "done" and kinds.count("epoch") == 3
+    steps = [(e["epoch"], e["step"]) for e in events if e["type"] == "step"]
+    assert len(steps) == 200 and steps[0] == (1, 100) and steps[-1] == (2, 149)
+    assert kinds.index("epoch") < kinds.index("step")  # in order: epoch 0 ended before these

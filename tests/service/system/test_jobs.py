@@ -213,3 +213,41 @@ def test_retrain_the_served_model_with_bounded_validated_jobs(
             assert other.json()["config"]["members"] == 4 and other.json()["config"]["vgn"]
     finally:
         srv.stop(signal.SIGKILL)  # the last two jobs may be starting: no need to wait for them
+
+
+def test_a_cancel_through_another_replica_stops_the_job(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
+) -> None:
+    """Replicas sharing a jobs database: a cancel that reaches the replica not running the job
+    can only mark it. The owner never looked at the mark: the job trained to its end, then was
+    recorded cancelled and its model deleted (found by review, 2026-11-29). The owner's monitor
+    now looks every second and stops it."""
+    from service.common.metrics import Metrics
+    from service.common.settings import Settings
+    from service.engine.jobs import JobManager
+
+    work = tmp_path_factory.mktemp("jobs-replicas")
+    srv = start_server(work / "a", tiny_model, api_key=API_KEY, replica_name="a")
+    try:
+        with srv.client(headers=H) as c:
+            job_id = c.post("/v1/training-jobs", json=LONG).json()["id"]
+            _wait(srv, job_id, {"running"})
+            deadline = time.monotonic() + 60
+            while not c.get(f"/v1/training-jobs/{job_id}").json()["events"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        other = JobManager(  # replica b: the same jobs database, its own folders, not started
+            Settings(jobs_db_url=f"sqlite:///{work / 'a' / 'jobs.sqlite3'}", replica_name="b",
+                     jobs_dir=work / "b" / "jobs", models_root=work / "b" / "models"),
+            Metrics(),
+        )  # fmt: skip
+        asked = time.monotonic()
+        assert other.cancel(job_id)["state"] == "running"  # marked; the owner stops it
+        done = _wait(srv, job_id, {"cancelled", "failed", "succeeded"}, timeout=60)
+        took = time.monotonic() - asked
+        assert done["state"] == "cancelled", done
+        assert took < 15, f"stopped {took:.1f} s after the cancel"  # 1 s poll, 10 s grace at most
+        epochs = [e for e in done["events"] if e["type"] == "epoch"]
+        assert len(epochs) < LONG["epochs"], "the job trained to its end"
+    finally:
+        srv.stop()
