@@ -208,14 +208,18 @@ class Metrics:
         self.uncertainty_drift = Gauge(
             "vge_uncertainty_drift",
             "PSI between the last 2000 served images' uncertainty and the card's validation "
-            "reference (< 0.1 none, 0.1-0.25 moderate, > 0.25 significant shift).",
+            "reference (< 0.1 none, 0.1-0.25 moderate, > 0.25 significant shift); images "
+            "answered on the reference's member set only (a request's vgmu_on may differ).",
             ["model", "score"],
             registry=r,
             multiprocess_mode="livemax",
         )
         self.abstain_ratio_window = Gauge(
             "vge_abstain_ratio_window",
-            "Share of the served model's last 2000 answered images that abstained. Counting "
+            "Share of the served model's last 2000 answered images that its rule abstained "
+            "on, at the card's calibrated abstain_k and member set (requests with their own "
+            "are left out; images with no digit found are counted in vge_predictions_total, not "
+            "here). Counting "
             "starts when the model is loaded (engine start, promote, reload, rollback); the "
             "gauge reads 0 until 200 images are counted, then the share over all counted (up "
             "to the last 2000), refreshed at most once a second as images are answered; NaN "

@@ -148,10 +148,9 @@ class Allocator:
     def __init__(self, size: int, start: int = 0) -> None:
         self.size = size
         self.start = start
-        self._starts: list[int] = []  # free regions, sorted by start
-        self._lengths: dict[int, int] = {}
+        self._starts: list[int] = [start]  # free regions, sorted by start
+        self._lengths: dict[int, int] = {start: size - start}  # free region start -> length
         self._used: dict[int, int] = {}
-        self.reset()
 
     @property
     def used_bytes(self) -> int:
@@ -189,9 +188,3 @@ class Allocator:
         self._starts.insert(i, start)
         self._lengths[start] = length
 
-    def reset(self) -> None:
-        """Free everything (the engine restarted: no region is in use any more)."""
-        self._starts[:] = [self.start]
-        self._lengths.clear()
-        self._lengths[self.start] = self.size - self.start
-        self._used.clear()

@@ -115,7 +115,7 @@ class Batcher:
         metrics: Metrics,
         wait_always: bool = False,
         arriving: Callable[[], int] | None = None,
-        on_scored: Callable[[ServedPredictor, ScoreColumns], None] | None = None,
+        on_scored: Callable[[ServedPredictor, ScoreColumns, ScoreOptions], None] | None = None,
         in_flight: int = 1,
     ) -> None:
         if in_flight < 1:
@@ -458,7 +458,9 @@ class Batcher:
                 unit.reply(None, task.exception())
 
     @staticmethod
-    def _compute(batch: list[Unit]) -> tuple[list[tuple[bool, Any]], list[ScoreColumns]]:
+    def _compute(
+        batch: list[Unit],
+    ) -> tuple[list[tuple[bool, Any]], list[tuple[ScoreColumns, ScoreOptions]]]:
         """Worker thread: one forward pass, then one scoring call per distinct option set.
 
         The predictor's output goes to scoring as it is when the batch has one option set (the
@@ -475,7 +477,7 @@ class Batcher:
             groups.setdefault(unit.options, []).append((n, start, start + unit.rows))
             start += unit.rows
         results: list[tuple[bool, Any]] = [(False, None)] * len(batch)
-        scored: list[ScoreColumns] = []
+        scored: list[tuple[ScoreColumns, ScoreOptions]] = []
         for options, spans in groups.items():
             if len(spans) == len(batch):
                 part = out
@@ -494,7 +496,7 @@ class Batcher:
             for n, i, j in spans:
                 results[n] = (True, columns.rows(offset, offset + j - i))
                 offset += j - i
-            scored.append(columns)
+            scored.append((columns, options))
         return results, scored
 
     async def _run(self, batch: list[Unit]) -> None:
@@ -519,8 +521,8 @@ class Batcher:
                 unit.reply(None, value)
         if self.on_scored is not None:
             predictor = batch[0].predictor
-            for columns in scored:
+            for columns, options in scored:
                 try:
-                    self.on_scored(predictor, columns)
+                    self.on_scored(predictor, columns, options)
                 except Exception:  # monitoring never fails the answers
                     log.exception("on_scored failed for a batch of %d", len(columns))

@@ -7,6 +7,14 @@ traffic lives. Per answered image it observes ``vge_prediction_vgmu``/``_eu``/``
 :func:`models.evaluation.drift.psi` and exports ``vge_uncertainty_drift{score}``, next to
 ``vge_abstain_ratio_window`` and the card's ``vge_calibrated_deferral``. A card without a
 reference (older models) exports no drift gauge.
+
+The window holds only answers scored the way the reference was: VGMU and EU from the member set
+the card calibrated (``abstain_calibration.members``; a request's ``vgmu_on`` may ask for the
+other), abstentions at the card's calibrated ``abstain_k`` too (a request's ``abstain_k`` moves
+them). Other answers count in the histograms and class counters only: a client's options alone
+must not move a gauge that alerts on a shift of the inputs. The abstain share is the model's own
+rule; an image in which the reading finds no digit (``models.prepare.Finding``) is answered
+abstained by the front end after scoring, and counts there (``vge_predictions_total``), not here.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from models.evaluation.drift import DRIFT_EDGES, DRIFT_SCORES, bin_fractions, psi
-from models.serving import ScoreColumns
+from models.serving import ScoreColumns, ScoreOptions
 from service.common.metrics import Metrics, inc_many, observe_many
 
 #: Images in the sliding window; with fewer, drift is not exported yet (too noisy to alert on).
@@ -69,9 +77,14 @@ class UncertaintyMonitor:
             metrics.calibrated_deferral.labels(model=model).set(deferral)
         self._deferral_exported = deferral is not None
         self.retired = False  # the model is no longer served (see retire)
-        self._values = np.zeros((window, 3))  # columns: vgmu, eu, abstain
-        self._n = 0
-        self._next = 0
+        # The reference's scoring: its member set, and the k of its abstentions (None: the card
+        # is not calibrated, so abstentions at any k are the model's rule)
+        cal = getattr(card, "abstain_calibration", None) or {}
+        self.members = cal.get("members") or ("q" if getattr(card, "vgn", False) else "p")
+        k = cal.get("abstain_k")
+        self.abstain_k = None if k is None else float(k)
+        self._scores = _Ring(window, 2)  # vgmu, eu of answers on the reference's member set
+        self._abstain = _Ring(window, 1)  # abstain of those answered at the calibrated k
         self._last = 0.0
         # Labelled children looked up once (the engine observes every scored batch).
         self._classes = [metrics.prediction_class.labels(model=model, label=n)
@@ -83,19 +96,25 @@ class UncertaintyMonitor:
         for score in self.reference:
             metrics.uncertainty_drift.labels(model=model, score=score).set(0.0)
 
-    def observe(self, columns: ScoreColumns) -> None:
-        """Record a batch's answers; refresh the window gauges at most once per second."""
+    def observe(self, columns: ScoreColumns, options: ScoreOptions) -> None:
+        """Record a batch's answers (scored with ``options``); refresh the window gauges at most
+        once per second. The window takes them only when scored as the reference was (module
+        docstring)."""
         vgmu, eu, tu = columns.column("vgmu"), columns.column("eu"), columns.column("tu")
         for hist, values in zip(self._hists, (vgmu, eu, tu), strict=True):
             observe_many(hist, values)  # one increment per bucket, not per image
         inc_many(self._classes, columns.column("prediction"))
-        rows = np.stack((vgmu, eu, columns.column("abstain")), axis=1)[-len(self._values) :]
-        w = len(self._values)
-        self._values[(self._next + np.arange(len(rows))) % w] = rows  # ring buffer, vectorised
-        self._next = (self._next + len(rows)) % w
-        self._n = min(self._n + len(rows), w)
+        if options.members != self.members:
+            return
+        self._scores.add(np.stack((vgmu, eu), axis=1))
+        if self.abstain_k is None or options.abstain_k == self.abstain_k:
+            self._abstain.add(columns.column("abstain")[:, None])
         now = time.monotonic()
-        if not self.retired and now - self._last >= UPDATE_EVERY_S and self._n >= MIN_SAMPLES:
+        if (
+            not self.retired
+            and now - self._last >= UPDATE_EVERY_S
+            and max(self._scores.n, self._abstain.n) >= MIN_SAMPLES
+        ):
             self._last = now
             self.refresh()
 
@@ -121,9 +140,34 @@ class UncertaintyMonitor:
             self.metrics.calibrated_deferral.labels(model=self.model).set(nan)
 
     def refresh(self) -> None:
-        window = self._values[: self._n]
-        self.metrics.abstain_ratio_window.labels(model=self.model).set(float(window[:, 2].mean()))
-        for i, score in enumerate(DRIFT_SCORES):
-            if score in self.reference:
-                value = psi(self.reference[score], bin_fractions(window[:, i]))
-                self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(value)
+        """Export the window's gauges: each once its own part holds ``MIN_SAMPLES`` answers."""
+        if self._abstain.n >= MIN_SAMPLES:
+            share = float(self._abstain.values[:, 0].mean())
+            self.metrics.abstain_ratio_window.labels(model=self.model).set(share)
+        if self._scores.n >= MIN_SAMPLES:
+            window = self._scores.values
+            for i, score in enumerate(DRIFT_SCORES):
+                if score in self.reference:
+                    value = psi(self.reference[score], bin_fractions(window[:, i]))
+                    self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(value)
+
+
+class _Ring:
+    """The last ``size`` rows of ``width`` columns, written in place (vectorised)."""
+
+    def __init__(self, size: int, width: int) -> None:
+        self._rows = np.zeros((size, width))
+        self._next = 0
+        self.n = 0  # rows held (at most size)
+
+    def add(self, rows: np.ndarray) -> None:
+        w = len(self._rows)
+        rows = rows[-w:]
+        self._rows[(self._next + np.arange(len(rows))) % w] = rows
+        self._next = (self._next + len(rows)) % w
+        self.n = min(self.n + len(rows), w)
+
+    @property
+    def values(self) -> np.ndarray:
+        """The rows held (in no particular order)."""
+        return self._rows[: self.n]

@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     import threading
     from multiprocessing.synchronize import Event as ProcessEvent
 
-    from models.serving import ScoreColumns
+    from models.serving import ScoreColumns, ScoreOptions
     from service.common.shm import Arena
     from service.engine.batcher import Unit
     from service.engine.drift import UncertaintyMonitor
@@ -313,11 +313,14 @@ class Engine:
             if generation != current.info.generation and not monitor.retired:
                 monitor.retire(self._successor(monitor))
 
-    def _observe(self, predictor: ServedPredictor, columns: ScoreColumns) -> None:
-        """Batcher hook (event loop, once per scored batch): the model's uncertainty monitor."""
+    def _observe(
+        self, predictor: ServedPredictor, columns: ScoreColumns, options: ScoreOptions
+    ) -> None:
+        """Batcher hook (event loop, once per scored group of a batch): the model's uncertainty
+        monitor."""
         generation = self.models.generation_of(predictor)
         if generation is not None:
-            self._monitor(generation, predictor).observe(columns)
+            self._monitor(generation, predictor).observe(columns, options)
 
     def _export_model_series(self) -> None:
         """Export the served model's series from the start (at 0), not from its first request:

@@ -154,14 +154,20 @@ class EngineClient:
             await asyncio.sleep(RECONNECT_S)
 
     def _lost(self) -> None:
-        """The engine went away: every waiting request gets a 503 now; regions are free again."""
+        """The engine went away: every request sent to it gets a 503 now and its region is free
+        again. Regions of requests not sent yet (still decoding) stay theirs: they are sent to
+        the next engine, or released, by their own request (freeing every region here let a
+        request that arrived after a restart be given the region of one still decoding, and
+        each was answered with the other's image)."""
         if self.model is not None and not self._closed:
             log.warning("lost the engine; answering %d waiting requests 503", len(self._pending))
         self._writer = None
         self.model = None
         self._connected.clear()
         pending, self._pending = self._pending, {}
-        for future, _ in pending.values():
+        for future, offset in pending.values():
+            if offset is not None:
+                self.allocator.free(offset)  # the engine that read it is gone
             if not future.done():
                 future.set_exception(
                     NotReady(
@@ -169,7 +175,6 @@ class EngineClient:
                         headers={"Retry-After": "1"},
                     )
                 )
-        self.allocator.reset()
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         frames = FrameReader(reader)

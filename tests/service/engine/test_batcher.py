@@ -275,8 +275,8 @@ def test_on_scored_sees_each_option_group_once_per_batch_and_cannot_fail_answers
     b = ScoreOptions(abstain_k=2.0, members="p", top_k=1)
     seen: list[tuple[object, int, int]] = []
 
-    def hook(pred: object, columns) -> None:  # noqa: ANN001
-        seen.append((pred, len(columns), columns.top_k))
+    def hook(pred: object, columns, options) -> None:  # noqa: ANN001
+        seen.append((pred, len(columns), columns.top_k, options))
         raise RuntimeError("a broken monitor")
 
     async def main() -> list:
@@ -290,7 +290,8 @@ def test_on_scored_sees_each_option_group_once_per_batch_and_cannot_fail_answers
 
     results = asyncio.run(main())
     assert [len(r) for r in results] == [2] * 5
-    assert sorted(seen, key=lambda s: s[2]) == [(predictor, 4, 1), (predictor, 6, 3)]
+    # each group with the options it was scored with
+    assert sorted(seen, key=lambda s: s[2]) == [(predictor, 4, 1, b), (predictor, 6, 3, a)]
 
 
 def _lone_request_seconds(batcher: Batcher, predictor: Predictor, pixels: torch.Tensor) -> float:

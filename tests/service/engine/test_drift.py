@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 from models.evaluation.drift import bin_fractions, uncertainty_reference
-from models.serving import FIXED_COLUMNS, ScoreColumns
+from models.serving import FIXED_COLUMNS, ScoreColumns, ScoreOptions
 from service.common.metrics import Metrics
 from service.engine import drift
 from service.engine.drift import UncertaintyMonitor
+
+#: Options scored as the test cards' reference (no VGN: p; not calibrated: any k).
+REF = ScoreOptions(abstain_k=1.0, members="p", top_k=1)
 
 
 def _columns(vgmu: np.ndarray, eu: np.ndarray, abstain: np.ndarray) -> ScoreColumns:
@@ -52,7 +55,7 @@ def test_the_window_exports_abstain_ratio_and_drift_against_the_reference(
     n = drift.MIN_SAMPLES
     vgmu, eu = np.full(n, 0.05), np.full(n, 0.5)  # far from the reference: drift
     abstain = (np.arange(n) % 4 == 0).astype(float)
-    monitor.observe(_columns(vgmu, eu, abstain))
+    monitor.observe(_columns(vgmu, eu, abstain), REF)
     ratio, d_vgmu, d_eu, deferral = _gauges(metrics, "m")
     assert ratio == pytest.approx(0.25)
     expected = drift.psi(card.uncertainty_reference["fractions"]["vgmu"], bin_fractions(vgmu))
@@ -65,12 +68,12 @@ def test_a_swapped_out_model_reads_nan_and_is_no_longer_refreshed(card: SimpleNa
     metrics = Metrics()
     monitor = UncertaintyMonitor("old", card, metrics)
     n = drift.MIN_SAMPLES
-    monitor.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)))
+    monitor.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)), REF)
     assert _gauges(metrics, "old")[1] > 0.25  # drifting: the alert's condition holds
     monitor.retire()  # the served model has another name
     assert all(math.isnan(v) for v in _gauges(metrics, "old"))
     monitor._last = -1e9  # due for a refresh: a late batch of the old model must not refresh
-    monitor.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)))
+    monitor.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)), REF)
     assert all(math.isnan(v) for v in _gauges(metrics, "old"))
     # ... while its answers still count
     assert metrics.prediction_vgmu.labels(model="old")._sum.get() == pytest.approx(0.1 * n)
@@ -86,10 +89,10 @@ def test_a_same_named_successor_keeps_its_series_and_the_rest_read_nan(
     new = UncertaintyMonitor("m", card, metrics)
     old.retire(new)
     n = drift.MIN_SAMPLES
-    new.observe(_columns(np.full(n, 0.9), np.full(n, 0.001), np.zeros(n)))
+    new.observe(_columns(np.full(n, 0.9), np.full(n, 0.001), np.zeros(n)), REF)
     before = _gauges(metrics, "m")
     old._last = -1e9
-    old.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)))
+    old.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)), REF)
     assert _gauges(metrics, "m") == before and not any(math.isnan(v) for v in before)
 
     bare = SimpleNamespace(class_names=["0", "1"])  # an older card: no reference, no calibration
@@ -116,17 +119,51 @@ def test_the_abstain_window_counts_from_the_load_and_its_help_says_so(
 
     monitor = UncertaintyMonitor("m", card, metrics)
     few = drift.MIN_SAMPLES - 1
-    monitor.observe(_columns(np.full(few, 0.9), np.zeros(few), np.ones(few)))
+    monitor.observe(_columns(np.full(few, 0.9), np.zeros(few), np.ones(few)), REF)
     assert ratio() == 0.0  # every image abstained, but fewer than MIN_SAMPLES are counted
-    monitor.observe(_columns(np.full(1, 0.9), np.zeros(1), np.ones(1)))
+    monitor.observe(_columns(np.full(1, 0.9), np.zeros(1), np.ones(1)), REF)
     assert ratio() == 1.0  # now the share over all counted, the first image included
     monitor._last = -1e9  # due for a refresh
     w = drift.WINDOW
-    monitor.observe(_columns(np.zeros(w), np.zeros(w), np.zeros(w)))
+    monitor.observe(_columns(np.zeros(w), np.zeros(w), np.zeros(w)), REF)
     assert ratio() == 0.0  # only the last WINDOW images count
     monitor._last = -1e9
     n = drift.MIN_SAMPLES
-    monitor.observe(_columns(np.full(n, 0.9), np.zeros(n), np.ones(n)))
+    monitor.observe(_columns(np.full(n, 0.9), np.zeros(n), np.ones(n)), REF)
     assert ratio() == pytest.approx(n / w)
     UncertaintyMonitor("m", card, metrics)  # the model loaded again: a new count from 0
     assert ratio() == 0.0
+
+
+def test_the_window_takes_only_answers_scored_as_the_reference_was() -> None:
+    """Found by review (2026-11-29): the window took every answer, so clients sending
+    vgmu_on=p to a model whose reference is on q (or their own abstain_k) moved the drift and
+    abstain gauges with no change in the inputs (PSI 0.27 → 1.16 on the same 2,000 digits).
+    Now VGMU and EU come from answers on the reference's member set, abstentions from those at
+    its calibrated k; every answer still counts in the histograms."""
+    rng = np.random.default_rng(1)
+    reference = uncertainty_reference(
+        {"vgmu": rng.uniform(0.5, 1.0, 500), "eu": rng.uniform(0.0, 0.01, 500)}, 0.05
+    )
+    card = SimpleNamespace(class_names=["0", "1"], uncertainty_reference=reference, vgn=True,
+                           abstain_calibration={"members": "q", "abstain_k": 3.0})  # fmt: skip
+    metrics = Metrics()
+    monitor = UncertaintyMonitor("m", card, metrics)
+    n = drift.MIN_SAMPLES
+    served = ScoreOptions(abstain_k=3.0, members="q", top_k=1)
+    on_p = ScoreOptions(abstain_k=3.0, members="p", top_k=1)
+    other_k = ScoreOptions(abstain_k=50.0, members="q", top_k=1)
+    like = rng.uniform(0.5, 1.0, n), rng.uniform(0.0, 0.01, n)
+    monitor.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)), on_p)
+    monitor.observe(_columns(*like, np.ones(n)), other_k)  # scores kept, abstentions not
+    monitor.observe(_columns(*like, np.zeros(n)), served)
+    monitor.refresh()
+    abstain, vgmu, eu, _ = _gauges(metrics, "m")
+    assert abstain == 0.0  # the served k's answers only
+    assert vgmu < 0.1 and eu < 0.1  # the q answers only: like the reference
+    assert metrics.prediction_vgmu.labels(model="m")._sum.get() > 0  # every answer observed
+    count = sum(
+        s.value for m in metrics.prediction_vgmu.collect() for s in m.samples
+        if s.name.endswith("_count") and s.labels.get("model") == "m"
+    )  # fmt: skip
+    assert count == 3 * n

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from service.common.errors import DeadlineExceeded
+from service.common.errors import DeadlineExceeded, NotReady
 from service.frontend.engine_client import _wait
 
 
@@ -56,5 +56,35 @@ def test_a_cancelled_request_cancels_its_future() -> None:
         with pytest.raises(asyncio.CancelledError):
             await waiter
         assert future.cancelled()
+
+    asyncio.run(main())
+
+
+def test_a_lost_engine_frees_only_the_regions_it_was_sent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Found by review (2026-11-29): losing the engine freed the whole arena, also the region of
+    a request still decoding; a request arriving after the restart was given that same region,
+    and each of the two was answered with the other's image. Only regions sent to the engine
+    that is gone are freed now; a region still being filled stays its request's."""
+    from service.common.shm import HEADER, Arena, new_arena_file
+    from service.frontend.engine_client import EngineClient
+
+    async def main() -> None:
+        arena = Arena(new_arena_file(1 << 16, "t", base=tmp_path), 1 << 16)
+        client = EngineClient(str(tmp_path / "no-engine.sock"), arena)
+        try:
+            decoding = client.allocate("uint8", (1, 1, 28, 28))  # not sent yet
+            sent = client.allocate("uint8", (1, 1, 28, 28))
+            future = asyncio.get_running_loop().create_future()
+            client._pending[7] = (future, sent.offset)  # sent: the engine holds its region
+            client._lost()  # what the read loop does when the connection drops
+            assert isinstance(future.exception(), NotReady)
+            after = client.allocate("uint8", (1, 1, 28, 28))  # a request after the restart
+            assert after.offset != decoding.offset
+            assert after.offset == sent.offset > decoding.offset >= HEADER  # freed, reused
+            client.release(decoding)
+            client.release(after)
+            assert client.allocator.used_bytes == 0
+        finally:
+            arena.close()
 
     asyncio.run(main())
