@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import math
 import time
 from typing import Any, cast
 
@@ -73,7 +74,7 @@ class JobStore:
             fields["state"] = JobState(fields["state"]).value
         for key in ("progress", "metrics"):
             if key in fields and not isinstance(fields[key], str | None):
-                fields[key] = json.dumps(fields[key])
+                fields[key] = _dumps(fields[key])
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
 
@@ -83,9 +84,9 @@ class JobStore:
             if n < MAX_STORED_EVENTS or event.get("type") != "step":
                 db.execute(
                     "INSERT INTO job_events (job_id, seq, ts, event) VALUES (?, ?, ?, ?)",
-                    (job_id, n, time.time(), json.dumps(event)),
+                    (job_id, n, time.time(), _dumps(event)),
                 )
-            db.execute("UPDATE jobs SET progress = ? WHERE id = ?", (json.dumps(event), job_id))
+            db.execute("UPDATE jobs SET progress = ? WHERE id = ?", (_dumps(event), job_id))
 
     def get(self, job_id: str) -> JobRow | None:
         row = self.db.fetchone("SELECT * FROM jobs WHERE id = ?", (job_id,))
@@ -140,3 +141,21 @@ def _row(row: dict[str, Any]) -> JobRow:
     d["state"] = JobState(d["state"])
     d.setdefault("owner", None)
     return cast(JobRow, d)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None, in nested dicts and lists: a run that
+    diverged reports ``train_loss`` NaN (or ``best_val_loss`` inf), which JSON has no number for
+    (the job's answer would fail to encode: a 500)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _dumps(value: Any) -> str:
+    """JSON of a job's event, progress or metrics, non-finite numbers as null (:func:`_finite`)."""
+    return json.dumps(_finite(value), allow_nan=False)

@@ -286,3 +286,22 @@ def test_a_jobs_answer_keeps_every_event_but_old_steps(tmp_path: Path) -> None:
     steps = [(e["epoch"], e["step"]) for e in events if e["type"] == "step"]
     assert len(steps) == 200 and steps[0] == (1, 100) and steps[-1] == (2, 149)
     assert kinds.index("epoch") < kinds.index("step")  # in order: epoch 0 ended before these
+
+
+def test_a_diverged_runs_numbers_are_stored_as_null(tmp_path: Path) -> None:
+    """A run that diverged reports NaN or inf (train_loss, best_val_loss): stored as they were,
+    the job's answer could not be encoded as JSON (a 500 on GET /v1/training-jobs/{id})."""
+    import json
+
+    store = JobStore(Database(f"sqlite:///{tmp_path}/jobs.sqlite3"), owner="a")
+    store.create("job-a", {"epochs": 1})
+    store.add_event("job-a", {"type": "epoch", "train_loss": float("nan"),
+                              "best_val_loss": float("inf"), "per_class": [1.0, float("-inf")]})  # fmt: skip
+    store.update("job-a", metrics={"val_loss": float("nan"), "epoch": 1})
+    job = store.get("job-a")
+    assert job is not None
+    (event,) = store.events("job-a")
+    assert (event["train_loss"], event["best_val_loss"], event["per_class"]) == (None, None,
+                                                                                 [1.0, None])  # fmt: skip
+    assert job["metrics"] == {"val_loss": None, "epoch": 1}
+    json.dumps({"job": job, "events": [event]}, allow_nan=False)  # encodes
