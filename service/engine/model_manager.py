@@ -391,17 +391,41 @@ class ModelManager:
                 await self._remember_configured(configured)
                 return loaded
             await self._remember_configured(configured)
+        replaced: BaseException | None = None
         async with self._lock:
             try:
                 await asyncio.to_thread(check_recorded_weights, latest)
                 loaded = await self._load(Path(latest["model_dir"]))
+            except (CheckpointError, FileNotFoundError) as exc:
+                if not (first_start and self._own_start_of(latest, start_dir)):
+                    return await self._restore_failed(latest, recorded, exc, start_dir, first_start)
+                replaced = exc  # below, once the lock is free (load takes it)
             except Exception as exc:  # noqa: BLE001 - any failure: serve the start model, loudly
                 return await self._restore_failed(latest, recorded, exc, start_dir, first_start)
+        if replaced is not None:
+            # Nothing was promoted since this replica's last start, and the model it configures
+            # has new files since (an upgrade of the image or package that ships the default, a
+            # model directory replaced in place): serve them, as a start with this
+            # configuration would, and record it; not a failed restore (no alarm).
+            problem = str(replaced).splitlines()[0] if str(replaced) else type(replaced).__name__
+            note = f"the configured model's files changed since its last start ({problem})"
+            log.warning("%s: serving %s; the history recorded %s", note, start_dir, recorded)
+            return await self.load(start_dir, "start", note=note)
         log.info("restored %s (weights sha256 verified)", recorded)
         restored_from = {"history_id": latest["id"], "action": latest["action"],
                          "at": _iso(latest["at"])}  # fmt: skip
         self._fleet_set(latest, None)
         return self._swap(loaded, self._served(latest, "restored", restored_from=restored_from))
+
+    def _own_start_of(self, entry: dict[str, Any], start_dir: Path) -> bool:
+        """Whether ``entry`` is this replica's own start on the model it configures now (the
+        same directory, or one no longer there: the configured model moved with an upgrade)."""
+        if entry.get("action") != "start" or self.history is None:
+            return False
+        if entry.get("replica") not in (None, self.history.replica):
+            return False
+        recorded = Path(entry["model_dir"])
+        return recorded == start_dir.resolve() or not recorded.exists()
 
     async def _new_configuration(
         self, configured: str, previous: str | None, start_dir: Path

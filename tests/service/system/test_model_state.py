@@ -390,3 +390,35 @@ def test_a_model_directory_is_validated_whole_and_a_bad_recorded_one_never_stops
         assert srv.metric("vge_process_restarts_total", role="engine") == 2
     finally:
         assert srv.stop() == 0
+
+
+def test_new_files_for_the_configured_model_are_served_without_an_alarm(
+    tmp_path_factory: pytest.TempPathFactory, models_root: Path
+) -> None:
+    """Found by review (2026-11-29): nothing promoted, the configured model's files replaced in
+    place (as an upgrade of the image or package that ships the default replaces its weights):
+    the next start of the same configuration tried to restore the recorded start, its sha256
+    failed, and the server raised the restore alarm (ERROR, vge_model_restore_failed 1) while
+    serving the right model. Now it serves the new files as a start, recorded, no alarm; a
+    replaced *promoted* model still alarms (the test above)."""
+    work = tmp_path_factory.mktemp("state-upgrade")
+    configured = copy_model(models_root / "tiny-v1", work / "models" / "configured", "1.0.0")
+    cfg = {"api_key": API_KEY, "models_root": work / "models"}
+    srv = start_in_process(work, configured, **cfg)
+    try:
+        assert _served(srv)["version"] == "1.0.0"
+    finally:
+        assert srv.stop() == 0
+    shutil.rmtree(configured)
+    copy_model(zoo_model_dir("lenet5-lle-vgn-mnist"), configured, "9.0.0")  # other weights
+    srv = start_in_process(work, configured, **cfg)
+    try:
+        served = _served(srv)
+        assert (served["name"], served["version"]) == ("lenet5-lle-vgn-mnist", "9.0.0")
+        assert served["served_because"] == "start" and served.get("restore_failed") is None
+        assert srv.metric("vge_model_restore_failed") == 0
+        top = _history(srv)[0]
+        assert top["action"] == "start" and "changed since its last start" in top["note"]
+        assert "ERROR" not in srv.log()
+    finally:
+        assert srv.stop() == 0
