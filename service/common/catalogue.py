@@ -35,6 +35,11 @@ def resolve_by_name(settings: Settings, name: str) -> Path:
     shipped = zoo_model_dir(name)
     if shipped is not None:  # the shipped models can always be promoted back (by name)
         return shipped
+    if (root / name).is_symlink():  # it exists, but leads out of models_root: refused
+        raise InvalidValue(
+            f"{root / name} is a symbolic link (to {path}): promote serves directories under "
+            "models_root only; copy or move the model there"
+        )
     raise NotFound(
         f"no model {name!r} under models_root ({root}) or among the shipped models "
         f"({', '.join(zoo_models())})"
