@@ -78,6 +78,16 @@ class JobStore:
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
 
+    def start_running(self, job_id: str, now: float) -> bool:
+        """Mark a queued job running, unless it was cancelled (by any replica) meanwhile: one
+        conditional write, so a cancel and a launch never both win. Whether it was marked."""
+        changed = self.db.execute(
+            "UPDATE jobs SET state = ?, started_at = ? WHERE id = ? AND state = ? "
+            "AND cancel_requested = 0",
+            (JobState.RUNNING.value, now, job_id, JobState.QUEUED.value),
+        )
+        return changed == 1
+
     def add_event(self, job_id: str, event: dict[str, Any]) -> None:
         with self.db.transaction() as db:
             n = int(db.scalar("SELECT COUNT(*) AS n FROM job_events WHERE job_id = ?", (job_id,)))

@@ -534,6 +534,8 @@ class JobManager:
 
     def _launch(self, job: JobRow) -> None:
         job_id = job["id"]
+        if not self.store.start_running(job_id, time.time()):
+            return  # cancelled meanwhile (through another replica): never started
         job_dir = self.settings.jobs_dir / job_id
         job_dir.mkdir(parents=True, exist_ok=True)
         out_dir = self.settings.models_root / job_id
@@ -546,8 +548,14 @@ class JobManager:
             name=f"vge-train-{job_id}",
             daemon=True,
         )  # fmt: skip
-        process.start()
-        self.store.update(job_id, state=JobState.RUNNING, started_at=time.time())
+        try:
+            process.start()
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory or processes: said, not hung
+            self.store.update(job_id, state=JobState.FAILED, finished_at=time.time(),
+                              error=f"the training process could not start: {exc}")  # fmt: skip
+            log.exception("job %s: the training process could not start", job_id)
+            self._refresh_gauge()
+            return
         thread = threading.Thread(target=self._monitor, args=(job_id,), daemon=True,
                                   name=f"vge-monitor-{job_id}")  # fmt: skip
         self._running[job_id] = _Running(process, stop, events, thread)

@@ -305,3 +305,21 @@ def test_a_diverged_runs_numbers_are_stored_as_null(tmp_path: Path) -> None:
                                                                                  [1.0, None])  # fmt: skip
     assert job["metrics"] == {"val_loss": None, "epoch": 1}
     json.dumps({"job": job, "events": [event]}, allow_nan=False)  # encodes
+
+
+def test_a_cancelled_job_is_never_started(db_url: str) -> None:
+    """A replica launching its queued job and another cancelling it (a shared jobs database):
+    the launch used to overwrite the cancelled state with running. One conditional write
+    decides now."""
+    a = JobStore(Database(db_url), owner="a")
+    b = JobStore(Database(db_url), owner="b")
+    a.create("job-1", {"epochs": 1})
+    a.create("job-2", {"epochs": 1})
+    b.update("job-1", cancel_requested=1, state="cancelled")  # b's cancel of a queued job
+    assert a.start_running("job-1", 1.0) is False
+    job = a.get("job-1")
+    assert job is not None and job["state"] == "cancelled"
+    assert a.start_running("job-2", 2.0) is True
+    job = a.get("job-2")
+    assert job is not None and (job["state"], job["started_at"]) == ("running", 2.0)
+    assert a.start_running("job-2", 3.0) is False  # once
