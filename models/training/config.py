@@ -123,7 +123,7 @@ class TrainConfig(ArchitectureSpec):
     lr_patience: int = Field(
         3, ge=0, description="plateau: epochs without validation-loss improvement before reducing"
     )
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=1)
     batch_size: int = Field(128, ge=1, le=LIMITS["batch_size"])
     eval_batch_size: int = Field(512, ge=1, le=LIMITS["eval_batch_size"])
     seed: int = Field(
@@ -161,7 +161,7 @@ class TrainConfig(ArchitectureSpec):
         "(Polyak averaging, torch.optim.swa_utils.AveragedModel), updated after every optimiser "
         "step; validation, early stopping and the saved model use the average; 0 = none",
     )
-    min_delta: float = Field(1e-4, ge=0)
+    min_delta: float = Field(1e-4, ge=0, le=10)
     device: str | None = None
     deterministic: bool = True
     target_deferral: float | None = Field(None, gt=0, lt=1)

@@ -200,6 +200,7 @@ def test_a_fixed_gate_k_reaches_the_run(tmp_path, monkeypatch) -> None:
         (["--backbone", "cnn4", "--backbone-kwargs", '{"width": -1}'], "width must be"),
         (["--version", "1.0 beta/x"], "version"),
         (["--image-size", "64"], "image_size resizes the images of a plain"),
+        (["--weight-decay", "1e300"], "weight_decay"),  # trained an epoch, then overflowed
     ],
 )
 def test_mistakes_are_one_line_exit_2(tmp_path, capsys, argv, words) -> None:
