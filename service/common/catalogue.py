@@ -29,7 +29,10 @@ def resolve_by_name(settings: Settings, name: str) -> Path:
             "(letters, digits, '.', '_', '-')"
         )
     root = settings.models_root.resolve()
-    path = (root / name).resolve()
+    try:
+        path = (root / name).resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise InvalidValue(f"{root / name} cannot be resolved ({exc})") from None
     if path.parent == root and path.is_dir():
         return path
     shipped = zoo_model_dir(name)

@@ -30,3 +30,6 @@ def test_a_promote_by_name_is_a_directory_under_models_root_or_a_shipped_model(
         resolve_by_name(settings, "nothing")
     with pytest.raises(InvalidValue, match="invalid"):
         resolve_by_name(settings, "../mine")
+    (root / "loop").symlink_to(root / "loop")  # a symlink loop was a 500
+    with pytest.raises(InvalidValue, match="loop"):
+        resolve_by_name(settings, "loop")
