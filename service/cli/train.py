@@ -166,10 +166,13 @@ def run(args: argparse.Namespace) -> int:
         # class folders; RuntimeError: torch refusing the run (its first line says why)
         raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     except OSError as exc:
-        if str(exc.filename or "").startswith(str(args.out)):
-            raise CliError(f"{args.out}: cannot write the model ({exc.strerror or exc})") from None
+        what = exc.strerror or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        if exc.filename is None:  # e.g. a full disk while saving, or an image PIL cannot read
+            raise CliError(f"training failed: {what} (reading the data or writing {args.out})") \
+                from None  # fmt: skip
+        if Path(exc.filename).resolve().is_relative_to(Path(args.out).resolve()):
+            raise CliError(f"{args.out}: cannot write the model ({what})") from None
         # the data (an image that cannot be read, a folder it may not list), not the output
-        where = f"{exc.filename}: " if exc.filename else ""
-        raise CliError(f"{where}{exc.strerror or str(exc).splitlines()[0]}") from None
+        raise CliError(f"{exc.filename}: {what}") from None
     print(out)
     return 0

@@ -217,9 +217,9 @@ class Metrics:
         self.abstain_ratio_window = Gauge(
             "vge_abstain_ratio_window",
             "Share of the served model's last 2000 answered images that its rule abstained "
-            "on, at the card's calibrated abstain_k and member set (requests with their own "
-            "are left out; images with no digit found are counted in vge_predictions_total, not "
-            "here). Counting "
+            "on, answered by the served rule (the card's calibrated abstain_k, or "
+            "VGE_ABSTAIN_K, and member set; requests with their own are left out; images with "
+            "no digit found are counted in vge_predictions_total, not here). Counting "
             "starts when the model is loaded (engine start, promote, reload, rollback); the "
             "gauge reads 0 until 200 images are counted, then the share over all counted (up "
             "to the last 2000), refreshed at most once a second as images are answered; NaN "

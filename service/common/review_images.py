@@ -120,11 +120,22 @@ class BlobStore:
             os.replace(path, aside)
         except FileNotFoundError:
             return False
-        if referenced():  # an item queued it between the first check and the rename
-            if path.exists():  # that enqueue wrote it anew (ensure)
-                aside.unlink(missing_ok=True)
-            else:
-                os.replace(aside, path)
+        try:
+            still = referenced()
+        except BaseException:  # the database failed: the file goes back, it may be needed
+            _put_back(aside, path)
+            raise
+        if still:  # an item queued it between the first check and the rename
+            _put_back(aside, path)
             return False
         aside.unlink(missing_ok=True)
         return True
+
+
+def _put_back(aside: Path, path: Path) -> None:
+    """Undo :meth:`BlobStore.delete_unless`'s rename: the file back at ``path``, unless an
+    enqueue wrote it anew there meanwhile (same bytes: the set-aside copy goes)."""
+    if path.exists():
+        aside.unlink(missing_ok=True)
+    else:
+        os.replace(aside, path)

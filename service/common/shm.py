@@ -187,4 +187,3 @@ class Allocator:
                 return
         self._starts.insert(i, start)
         self._lengths[start] = length
-

@@ -8,10 +8,10 @@ traffic lives. Per answered image it observes ``vge_prediction_vgmu``/``_eu``/``
 ``vge_abstain_ratio_window`` and the card's ``vge_calibrated_deferral``. A card without a
 reference (older models) exports no drift gauge.
 
-The window holds only answers scored the way the reference was: VGMU and EU from the member set
-the card calibrated (``abstain_calibration.members``; a request's ``vgmu_on`` may ask for the
-other), abstentions at the card's calibrated ``abstain_k`` too (a request's ``abstain_k`` moves
-them). Other answers count in the histograms and class counters only: a client's options alone
+The window holds only answers scored by the served rule (:func:`served_rule`: what a request
+that gives no options gets): VGMU and EU from its member set (a request's ``vgmu_on`` may ask for
+the other), abstentions at its ``abstain_k`` too (the card's calibrated k, or the server's
+``VGE_ABSTAIN_K``; a request's ``abstain_k`` moves them). Other answers count in the histograms and class counters only: a client's options alone
 must not move a gauge that alerts on a shift of the inputs. The abstain share is the model's own
 rule; an image in which the reading finds no digit (``models.prepare.Finding``) is answered
 abstained by the front end after scoring, and counts there (``vge_predictions_total``), not here.
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from models.evaluation.drift import DRIFT_EDGES, DRIFT_SCORES, bin_fractions, psi
-from models.serving import ScoreColumns, ScoreOptions
+from models.serving import ScoreColumns, ScoreOptions, resolve_options
 from service.common.metrics import Metrics, inc_many, observe_many
 
 #: Images in the sliding window; with fewer, drift is not exported yet (too noisy to alert on).
@@ -68,7 +68,14 @@ def monitor_inputs(card: Any) -> tuple[dict[str, np.ndarray], float | None]:
 class UncertaintyMonitor:
     """Per served model: observe answers, keep the window, export drift."""
 
-    def __init__(self, model: str, card: Any, metrics: Metrics, window: int = WINDOW) -> None:
+    def __init__(
+        self,
+        model: str,
+        card: Any,
+        metrics: Metrics,
+        window: int = WINDOW,
+        default_abstain_k: float | None = None,
+    ) -> None:
         self.model = model
         self.metrics = metrics
         self.class_names = [str(c) for c in card.class_names]
@@ -77,12 +84,10 @@ class UncertaintyMonitor:
             metrics.calibrated_deferral.labels(model=model).set(deferral)
         self._deferral_exported = deferral is not None
         self.retired = False  # the model is no longer served (see retire)
-        # The reference's scoring: its member set, and the k of its abstentions (None: the card
-        # is not calibrated, so abstentions at any k are the model's rule)
-        cal = getattr(card, "abstain_calibration", None) or {}
-        self.members = cal.get("members") or ("q" if getattr(card, "vgn", False) else "p")
-        k = cal.get("abstain_k")
-        self.abstain_k = None if k is None else float(k)
+        # The served rule: the options a request that gives none is scored with (the server's
+        # VGE_ABSTAIN_K, ``default_abstain_k``, else the card's calibrated k), resolved by the
+        # one function the server resolves them with
+        self.members, self.abstain_k = served_rule(card, default_abstain_k)
         self._scores = _Ring(window, 2)  # vgmu, eu of answers on the reference's member set
         self._abstain = _Ring(window, 1)  # abstain of those answered at the calibrated k
         self._last = 0.0
@@ -107,7 +112,7 @@ class UncertaintyMonitor:
         if options.members != self.members:
             return
         self._scores.add(np.stack((vgmu, eu), axis=1))
-        if self.abstain_k is None or options.abstain_k == self.abstain_k:
+        if options.abstain_k == self.abstain_k:
             self._abstain.add(columns.column("abstain")[:, None])
         now = time.monotonic()
         if (
@@ -150,6 +155,18 @@ class UncertaintyMonitor:
                 if score in self.reference:
                     value = psi(self.reference[score], bin_fractions(window[:, i]))
                     self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(value)
+
+
+def served_rule(card: Any, default_abstain_k: float | None) -> tuple[str, float]:
+    """The member set and ``abstain_k`` a request without options is answered with
+    (:func:`models.serving.resolve_options`, as the server resolves them)."""
+    vgn = bool(getattr(card, "vgn", False))
+    k_for = getattr(card, "abstain_k_for", None)
+    calibrated = {m: (k_for(m) if k_for is not None else None) for m in ("p", "q")}
+    options = resolve_options(model=str(getattr(card, "name", "model")), vgn=vgn,
+                              calibrated_k=calibrated, num_classes=1,
+                              default_abstain_k=default_abstain_k)  # fmt: skip
+    return options.members, options.abstain_k
 
 
 class _Ring:

@@ -273,6 +273,8 @@ class JobManager:
                 description=f"{card.name} {card.version} retrained by training job {job_id}",
             )
             config = {**base, **user}
+            if "image_size" not in user and not _resized_by(config.get("dataset")):
+                config.pop("image_size", None)  # the served recipe's, for a dataset it fits
         reviews = config.get("dataset") in ("reviews", "reviews+mnist-bundled")
         if config.get("dataset") == "reviews+mnist-bundled":
             config = self._with_review_outliers(config, user)
@@ -632,6 +634,16 @@ class JobManager:
         if not self._closed:
             self._refresh_gauge()
             self._launch_queued()
+
+
+def _resized_by(dataset: str | None) -> bool:
+    """Whether ``image_size`` applies to ``dataset`` (a plain ImageFolder, the reviews folder)."""
+    from models.data import parse_imagefolder
+
+    if dataset == "reviews":
+        return True
+    folder = parse_imagefolder(dataset or "")
+    return folder is not None and not folder[1]
 
 
 def _check_device(device: str | None) -> None:

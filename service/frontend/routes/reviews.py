@@ -145,7 +145,7 @@ def _closed(state: State, item: dict[str, Any]) -> dict[str, Any]:
     else:
         outcome = "agree" if item["label"] == item["answer"]["label"] else "disagree"
     m.reviews.labels(model=item["model"], outcome=outcome).inc()
-    if not item["history"]:  # its first decision
+    if not item["history"] and not item["history_dropped"]:  # its first decision
         m.review_latency.labels(model=item["model"]).observe(
             max(0.0, item["reviewed_at"] - item["created_at"])
         )

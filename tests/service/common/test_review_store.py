@@ -523,3 +523,19 @@ def test_a_transparent_png_is_exported_as_the_reading_sees_it(db_url: str, tmp_p
     assert flat.shape == (3, 12, 10)
     assert int(flat[:, 0, 0].min()) == 255 and int(flat[:, 5, 4].max()) == 0
     assert items[f"1/{shas[1]}.png"] == opaque
+
+
+def test_a_sweep_whose_second_look_fails_puts_the_image_back(tmp_path: Path) -> None:
+    """The database failing at the sweep's second look left the image set aside for good: an
+    item queued in that window had none. It goes back before the error is raised."""
+    from service.common.review_images import BlobStore
+
+    blobs = BlobStore(tmp_path / "b")
+    sha = blobs.put(b"img")
+
+    def database_down() -> bool:
+        raise OSError("the database went away")
+
+    with pytest.raises(OSError, match="went away"):
+        blobs.delete_unless(sha, database_down)
+    assert blobs.get(sha) == b"img" and not list((tmp_path / "b").rglob(".*"))

@@ -146,7 +146,7 @@ def test_the_window_takes_only_answers_scored_as_the_reference_was() -> None:
         {"vgmu": rng.uniform(0.5, 1.0, 500), "eu": rng.uniform(0.0, 0.01, 500)}, 0.05
     )
     card = SimpleNamespace(class_names=["0", "1"], uncertainty_reference=reference, vgn=True,
-                           abstain_calibration={"members": "q", "abstain_k": 3.0})  # fmt: skip
+                           abstain_k_for=lambda m: 3.0 if m == "q" else 5.0)  # fmt: skip
     metrics = Metrics()
     monitor = UncertaintyMonitor("m", card, metrics)
     n = drift.MIN_SAMPLES
@@ -167,3 +167,10 @@ def test_the_window_takes_only_answers_scored_as_the_reference_was() -> None:
         if s.name.endswith("_count") and s.labels.get("model") == "m"
     )  # fmt: skip
     assert count == 3 * n
+    # With a server-wide VGE_ABSTAIN_K every default request carries it: that is the rule then
+    # (the window stayed empty, the gauge at 0, its alert unable to fire)
+    wide = UncertaintyMonitor("w", card, metrics, default_abstain_k=2.0)
+    assert (wide.members, wide.abstain_k) == ("q", 2.0)
+    wide.observe(_columns(*like, np.ones(n)), ScoreOptions(abstain_k=2.0, members="q", top_k=1))
+    wide.refresh()
+    assert _gauges(metrics, "w")[0] == 1.0

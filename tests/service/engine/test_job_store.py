@@ -253,6 +253,15 @@ def test_submissions_are_judged_before_they_run(tmp_path: Path) -> None:
     (long_card / "model_card.json").write_text(json.dumps(card))
     cfg, _ = jobs._resolve(job, {"epochs": 1}, long_card)
     assert cfg.version.endswith(f"-{job}") and len(cfg.version) == 64
+    # a recipe trained with image_size (an ImageFolder model): its retrain on another dataset
+    # does not inherit a size that dataset ignores (a 422 naming a field nobody sent)
+    card["training"]["config"]["image_size"] = 32
+    (long_card / "model_card.json").write_text(json.dumps(card))
+    cfg, _ = jobs._resolve(job, {"epochs": 1}, long_card)
+    assert cfg.image_size is None and cfg.dataset == "mnist-bundled"
+    (tmp_path / "data" / "digits").mkdir(parents=True)
+    cfg, _ = jobs._resolve(job, {"dataset": "imagefolder:digits", "init": "scratch"}, long_card)
+    assert cfg.image_size == 32  # a plain ImageFolder: the recipe's size
     for given, words in (
         ({"backbone_kwargs": {"hidden": 0}}, "hidden must be an integer >= 1"),
         ({"backbone_kwargs": {"hidden": -5}}, "hidden must be an integer >= 1"),

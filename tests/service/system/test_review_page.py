@@ -198,5 +198,21 @@ def test_no_key_labels_an_item_the_page_does_not_show_and_a_failed_label_is_kept
         item = httpx.get(f"{srv.url}/v1/reviews/{ids[2]}", headers=H).json()
         assert (item["state"], item["label"]) == ("reviewed", "5")
         assert httpx.get(f"{srv.url}/v1/reviews/{ids[0]}", headers=H).json()["label"] == "3"
+
+        # (3) refused, not failed: the shown item was closed meanwhile (here skipped through
+        # the API): a skip from the page is a 409 that pressing again cannot change, so the
+        # page says so and moves on instead of asking to retry
+        files = [("images", ("late.png", pngs[33], "image/png"))]
+        r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
+        late = r.json()["results"][0]["review_id"]
+        _wait(lambda: body.get_attribute("data-review-id") == late, what="the late item")
+        r = httpx.post(
+            f"{srv.url}/v1/reviews/{late}/skip", headers=H, json={"reviewer": "reviewer"}
+        )
+        assert r.status_code == 200, r.text
+        body.send_keys("s")
+        _wait(lambda: "already skipped" in status.text, what="the refusal said")
+        assert "press again" not in status.text
+        _wait(lambda: browser.find_element(By.ID, "empty").is_displayed(), what="moved on")
     finally:
         srv.stop()
