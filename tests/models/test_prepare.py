@@ -129,6 +129,37 @@ def test_noise_and_patterns_are_not_made_into_digits() -> None:
         assert not out.image.any()
 
 
+def test_noise_framed_like_a_digit_is_not_served_as_sent() -> None:
+    """Found by review (2026-11-29): noise, a filled square or a checkerboard in a 20×20 box,
+    centred on a black 28×28 canvas, passed every test of the "already MNIST" shortcut and were
+    served as sent, read "ok" (the old default answered most "8" at p = 1.00). They take the
+    general path now, which finds no digit in them; and every bundled and held-out digit that
+    took the shortcut still does (so no served answer on digits moved)."""
+    rng = np.random.default_rng(0)
+    framed = []
+    for fill in (rng.integers(0, 256, (20, 20)), np.full((20, 20), 255),
+                 (np.indices((20, 20)).sum(0) % 2) * 255):  # fmt: skip
+        canvas = np.zeros((SIDE, SIDE), np.uint8)
+        canvas[4:24, 4:24] = fill
+        framed.append(canvas)
+    for canvas in framed:
+        out = canonicalise(torch.from_numpy(canvas)[None])
+        assert out.finding in (Finding.fills_canvas, Finding.texture), out.finding
+    from models.prepare import _already_mnist
+
+    images = np.concatenate([load_bundled_mnist()[0], load_holdout_mnist()[0]])
+    assert sum(_already_mnist(im) for im in images) == 9863  # of 10,000, as before the bounds
+
+
+@pytest.mark.parametrize("side", [1, 2, 4, 6])
+def test_a_speck_on_a_blank_page_is_blank(side: int) -> None:
+    """Dust on an empty page was blown up to a 20×20 blot and read "ok"."""
+    page = np.full((100, 100), 235, np.uint8)
+    page[50 : 50 + side, 40 : 40 + side] = 20
+    out = canonicalise(torch.from_numpy(page)[None])
+    assert out.finding == Finding.blank and not out.image.any()
+
+
 def test_the_midtone_share_is_that_of_the_3x3_median() -> None:
     """_midtone_share counts what scipy's 3×3 median would leave in mid-tones, without the median
     (two 3×3 counts): exact on random levels, including values at the thresholds."""
