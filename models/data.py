@@ -16,10 +16,14 @@ import hashlib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
+
+if TYPE_CHECKING:  # torchvision is imported where it is used (the engine never imports it)
+    from torchvision.io import ImageReadMode
 
 __all__ = [
     "BUNDLED_MNIST_SHA256",
@@ -571,13 +575,42 @@ def inside(path: Path, root: Path) -> bool:
         return False
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_has_alpha(data: bytes) -> bool:
+    """Whether PNG bytes carry transparency: an alpha channel (colour type 4 or 6, IHDR's byte
+    25) or a ``tRNS`` chunk (a palette's or one colour's transparency) before the image data."""
+    if data[:8] != PNG_SIGNATURE or len(data) < 26:
+        return False
+    if data[25] in (4, 6):
+        return True
+    idat = data.find(b"IDAT")
+    return b"tRNS" in data[: idat if idat >= 0 else len(data)]
+
+
+def image_read_mode(data: bytes) -> ImageReadMode:
+    """The ``torchvision.io.ImageReadMode`` an image file is decoded with, by the server and the
+    training data path alike: UNCHANGED, except for a palette PNG (IHDR colour type 3), which
+    UNCHANGED decodes to its palette *indices* as one gray channel (a black digit on white read
+    as blank, other palettes as wrong digits): RGB, or RGB_ALPHA when a ``tRNS`` chunk gives it
+    transparency (torchvision's RGB_ALPHA of a palette without one returns garbage: measured on
+    1-, 4- and 8-bit palettes)."""
+    from torchvision.io import ImageReadMode
+
+    if data[:8] != PNG_SIGNATURE or len(data) < 26 or data[25] != 3:
+        return ImageReadMode.UNCHANGED
+    return ImageReadMode.RGB_ALPHA if png_has_alpha(data) else ImageReadMode.RGB
+
+
 def _read_image(path: Path) -> torch.Tensor:
     """One image file as uint8 ``(C, H, W)``, decoded as the service decodes uploads
     (``torchvision.io.decode_image``, unchanged mode; first frame; 16-bit scaled to 8)."""
-    from torchvision.io import ImageReadMode, decode_image, read_file
+    from torchvision.io import decode_image, read_file
 
     try:
-        img = decode_image(read_file(str(path)), mode=ImageReadMode.UNCHANGED)
+        data = read_file(str(path))
+        img = decode_image(data, mode=image_read_mode(path.read_bytes()))
     except (RuntimeError, ValueError) as e:
         raise ValueError(f"{path}: cannot decode image: {str(e).splitlines()[0]}") from None
     if img.ndim == 4:  # animated GIF: first frame

@@ -24,6 +24,7 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.io import image as _tv_image
 
+from models.data import image_read_mode
 from models.prepare import Finding, PrepareMode, conform_image, prepare_image
 from service.common.errors import BadInput, PayloadTooLarge
 from service.common.settings import Settings
@@ -191,13 +192,15 @@ def _clean(exc: Exception) -> str:
     return re.sub(r"\s*For avif and heic.*$", "", text)[:200]
 
 
-def read_mode(header: ImageHeader | None) -> ImageReadMode:
+def read_mode(header: ImageHeader | None, data: bytes = b"") -> ImageReadMode:
     """UNCHANGED (gray stays gray, alpha is dropped later), except for CMYK/YCCK JPEGs: those
     decode UNCHANGED to four inverted ink channels, which would be read as RGBA (a digit came out
-    all white); the decoder's own conversion to RGB is the picture."""
+    all white); the decoder's own conversion to RGB is the picture. And palette PNGs (``data``):
+    their colours, not their indices (:func:`models.data.image_read_mode`, which the training
+    data path reads files with too)."""
     if header is not None and header.format == "jpeg" and header.components == 4:
         return ImageReadMode.RGB
-    return ImageReadMode.UNCHANGED
+    return image_read_mode(data)
 
 
 def decode_one(data: bytes, index: int, settings: Settings) -> torch.Tensor:
@@ -211,7 +214,8 @@ def _decode(
     """Decode an image whose ``header`` was checked: uint8 (C, H, W), the first frame of an
     animation; ``max_pixels`` (None: no cap) catches a header that under-stated its size."""
     try:
-        img = _DECODE(torch.frombuffer(bytearray(data), dtype=torch.uint8), read_mode(header), True)
+        mode = read_mode(header, data)
+        img = _DECODE(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode, True)
     except (RuntimeError, ValueError) as exc:
         raise BadInput(
             f"image {index} could not be decoded (not an image, or corrupt/truncated): "
@@ -393,17 +397,6 @@ def multipart_images(files: list[tuple[str, bytes]], settings: Settings) -> list
                 "(VGE_MAX_IMAGE_BYTES)"
             )
     return [data for _, data in files]
-
-
-def png_has_alpha(data: bytes) -> bool:
-    """Whether PNG bytes carry transparency: an alpha channel (colour type 4 or 6, IHDR's byte
-    25) or a ``tRNS`` chunk (a palette's or one colour's transparency) before the image data."""
-    if data[:8] != b"\x89PNG\r\n\x1a\n" or len(data) < 26:
-        return False
-    if data[25] in (4, 6):
-        return True
-    idat = data.find(b"IDAT")
-    return b"tRNS" in data[: idat if idat >= 0 else len(data)]
 
 
 def to_png(data: bytes) -> bytes:

@@ -40,6 +40,7 @@ unwritable or unreachable makes :class:`ReviewStore` unavailable
 from __future__ import annotations
 
 import base64
+import builtins
 import hashlib
 import json
 import math
@@ -602,7 +603,7 @@ class ReviewStore:
         rows = [r for r in self._reviewed_rows(model) if (r["label"] is None) == not_a_digit]
         return self._with_images(rows)
 
-    def _reviewed_rows(self, model: str | None) -> list[dict[str, Any]]:
+    def _reviewed_rows(self, model: str | None) -> builtins.list[dict[str, Any]]:
         """Every reviewed ``(label, sha256, content_type)`` once, in one read (one snapshot):
         the classes' oldest first, then the *not a digit* images' (``label`` None)."""
         and_model = "AND model = ?" if model else ""
@@ -615,7 +616,7 @@ class ReviewStore:
             )
 
     def _with_images(
-        self, rows: list[dict[str, Any]]
+        self, rows: builtins.list[dict[str, Any]]
     ) -> Iterator[tuple[str | None, str, bytes, str]]:
         for r in rows:
             try:
@@ -643,8 +644,9 @@ class ReviewStore:
             rows = [r for r in rows if r["label"] is not None]
         return self._export(rows)
 
-    def _export(self, rows: list[dict[str, Any]]) -> Iterator[tuple[str, bytes]]:
-        from service.common.decode import png_has_alpha, to_png
+    def _export(self, rows: builtins.list[dict[str, Any]]) -> Iterator[tuple[str, bytes]]:
+        from models.data import png_has_alpha
+        from service.common.decode import to_png
 
         def png(data: bytes, ctype: str) -> bytes:
             # a PNG as stored unless it has transparency, which to_png flattens onto white

@@ -267,3 +267,39 @@ def test_a_jpeg_is_sized_past_bytes_between_its_segments() -> None:
     assert read_header(padded) == ("jpeg", 300, 200, 1, 1)
     with pytest.raises(PayloadTooLarge, match="300x200 pixels"):
         check_image_bytes(padded, 0, Settings(max_image_pixels=59_999))
+
+
+def test_a_palette_png_decodes_to_its_colours_not_its_indices(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Found by review (2026-11-29): a palette PNG decoded UNCHANGED gives its palette *indices*
+    as gray levels: a black digit on white (indices 1 and 0) read as blank, other palettes as
+    wrong digits. Decoded to its colours now, by the server and by the training data path alike:
+    the same reading as the grayscale PNG of the same picture, with and without transparency."""
+    import io
+
+    from PIL import Image
+
+    from models.data import _read_image, load_bundled_mnist
+    from models.prepare import Finding, canonicalise
+
+    digit = load_bundled_mnist()[0][-1]
+    page = np.where(np.kron(digit, np.ones((3, 3), np.uint8)) > 127, 0, 255).astype(np.uint8)
+    gray = io.BytesIO()
+    Image.fromarray(page).save(gray, "PNG")
+    expected = canonicalise(decode_one(gray.getvalue(), 0, Settings()))
+    assert expected.finding == Finding.ok
+    for transparent in (False, True):
+        pal = Image.fromarray((page == 0).astype(np.uint8), mode="P")  # index 0 page, 1 ink
+        pal.putpalette([255, 255, 255, 0, 0, 0])
+        buf = io.BytesIO()
+        pal.save(buf, "PNG", **({"transparency": 0} if transparent else {}))  # page see-through
+        data = buf.getvalue()
+        assert data[25] == 3  # IHDR colour type: palette
+        for decoded in (decode_one(data, 0, Settings()), _read_image(_write(tmp_path, data))):
+            got = canonicalise(decoded)
+            assert got.finding == Finding.ok and torch.equal(got.image, expected.image)
+
+
+def _write(folder, data: bytes):  # type: ignore[no-untyped-def]
+    path = folder / f"{len(list(folder.iterdir()))}.png"
+    path.write_bytes(data)
+    return path
