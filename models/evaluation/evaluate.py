@@ -288,10 +288,9 @@ def run_evaluation(
     predictor = Predictor.from_dir(model_dir)
     card = predictor.card
     calibration = _card_get(card, "abstain_calibration", "calibration")
-    abstain_k = _card_get(calibration, "abstain_k") if calibration else None
-    abstain_k = float(
-        abstain_k if abstain_k is not None else _card_get(card, "abstain_k", default=1.0)
-    )
+    # the k the server answers with: the card's calibration for the served member set (a card
+    # from before 0.2 calibrated p; its VGN model answers from q, at k 1.0)
+    abstain_k = float(predictor.options().abstain_k)
 
     x, labels, source = load_split(predictor, split, data_root)
     p, q = forward_all(predictor, x)

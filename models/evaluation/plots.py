@@ -198,10 +198,10 @@ def learned_k_plot(
 
 def deferral_curve_plot(calibration: Mapping, path: str | Path) -> Path:
     """Deferral rate and accepted-error rate vs abstain ``k`` from :func:`calibrate_abstain_k`."""
-    pts = calibration["curve"]
+    pts = [c for c in calibration["curve"] if c.get("abstain_k") is not None]
     ks = np.array([c["abstain_k"] for c in pts])
-    deferral = np.array([c["deferral"] for c in pts])
-    risk = np.array([np.nan if c["risk"] is None else c["risk"] for c in pts])
+    deferral = np.array([np.nan if c.get("deferral") is None else c["deferral"] for c in pts])
+    risk = np.array([np.nan if c.get("risk") is None else c["risk"] for c in pts])
     fig = _figure()
     ax = fig.subplots()
     ax.plot(ks, deferral, "o-", markersize=3, label="deferral rate")

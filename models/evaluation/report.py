@@ -152,13 +152,19 @@ def render_report(
 
     if metrics.get("calibration"):
         cal = metrics["calibration"]
+        # a card's calibration may hold abstain_k alone (its schema requires no more)
+        how = (
+            f"Mode `{cal['mode']}`, target {cal['target']:g}: "
+            if cal.get("mode") is not None and cal.get("target") is not None
+            else ""
+        )
+        k = f"abstain k = {cal['abstain_k']:.4g}" if cal.get("abstain_k") is not None else ""
         out += [
             "## Deferral threshold calibration",
             "",
-            f"Chosen on the validation split when the model was trained. Mode `{cal['mode']}`, "
-            f"target {cal['target']:g}: abstain k = {cal['abstain_k']:.4g}, "
-            f"achieved deferral {_fmt(cal['achieved_deferral'])}, "
-            f"error among accepted {_fmt(cal['achieved_risk'])}.",
+            f"Chosen on the validation split when the model was trained. {how}{k}, "
+            f"achieved deferral {_fmt(cal.get('achieved_deferral'))}, "
+            f"error among accepted {_fmt(cal.get('achieved_risk'))}.",
             "",
         ]
 

@@ -156,3 +156,30 @@ def test_bad_split_exits_2(tiny_model: Path, capsys: pytest.CaptureFixture[str])
         main(["evaluate", str(tiny_model), "--split", "train"])
     assert exc.value.code == 2
     assert "invalid choice" in _one_line_error(capsys)
+
+
+def test_a_card_calibrated_with_abstain_k_alone_is_evaluated_at_the_served_k(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Found by review (2026-11-29): a valid card whose abstain_calibration holds abstain_k alone
+    was a traceback (KeyError 'mode'); and evaluate took that k whatever member set it was
+    calibrated for, where the server answers a VGN model from q at the k calibrated for q (a
+    card from before 0.2 calibrated p: the server then uses 1.0). The report's k is the
+    served one now."""
+    import shutil
+
+    from models.predictor import Predictor
+
+    model = tmp_path / "konly"
+    shutil.copytree(tiny_model, model)
+    card_path = model / CARD_FILE
+    card = json.loads(card_path.read_text())
+    card["abstain_calibration"] = {"abstain_k": 2.0}  # no members: calibrated on p (pre-0.2)
+    card_path.write_text(json.dumps(card))
+    served = Predictor.from_dir(model, device="cpu").options()
+    assert card["vgn"] and (served.members, served.abstain_k) == ("q", 1.0)
+    out = tmp_path / "out"
+    assert main(["evaluate", str(model), "--split", "test", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["abstention"]["abstain_k"] == served.abstain_k
+    assert "abstain k = 2" in (out / "report.md").read_text()
