@@ -4,7 +4,9 @@
 existing model directory, what training does at the end (:func:`models.training.train`): the
 validation split calibrates ``abstain_k`` for VGMU on the answer's members (``q`` for VGN models,
 :func:`models.evaluation.calibration.calibrate_served`), and the card's ``metrics.evaluation``
-becomes the test split under that rule at that ``k``. The weights (and their sha256) are untouched.
+becomes the test split and the OOD suite under that rule at that ``k``. The weights (and their
+sha256) are untouched. A model calibrated on a split carved out of its training digits too
+(``calibration_split``) is refused: that split is not rebuilt here.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from models.checkpoint import read_card, save_card
 from models.evaluation.calibration import calibrate_served
 from models.evaluation.evaluate import evaluate_predictions, forward_all, load_split
+from models.evaluation.ood_suite import SUITE_PER_GROUP
 
 
 def _jsonable(obj: Any) -> Any:
@@ -32,6 +35,14 @@ def recalibrate(
 
     model_dir = Path(model_dir)
     card = read_card(model_dir)
+    recorded = card.training.get("config") if isinstance(card.training, dict) else None
+    share = (recorded or {}).get("calibration_split") or 0.0
+    if share:
+        raise ValueError(
+            f"{model_dir}: calibrated on the validation split and a calibration split of "
+            f"{share:g} of its training digits carved before training; this tool calibrates on "
+            "the validation split only: retrain the model to recalibrate it"
+        )
     old = card.abstain_calibration or {}
     if target_deferral is None and target_risk is None:
         mode = old.get("mode", "deferral")
@@ -44,6 +55,10 @@ def recalibrate(
     x_test, y_test, _ = load_split(predictor, "test", None)
     p_test, q_test = forward_all(predictor, x_test)
     evaluation = evaluate_predictions(p_test, q_test, y_test, abstain_k=calib["abstain_k"])
+    per_group = (recorded or {}).get("ood_suite_per_group", SUITE_PER_GROUP)
+    evaluation["ood_suite"] = (
+        _suite(predictor, p_test, q_test, calib["abstain_k"], int(per_group)) if per_group else None
+    )
     metrics = dict(card.metrics)
     metrics["evaluation"] = _jsonable(evaluation)
     metrics["test_accuracy"] = evaluation["classification"]["accuracy"]
@@ -56,6 +71,26 @@ def recalibrate(
     }
     save_card(card.model_copy(update=update), model_dir)
     return calib
+
+
+def _suite(
+    predictor: Any, p: Any, q: Any, abstain_k: float, n_per_group: int
+) -> dict[str, Any] | None:
+    """The OOD suite's numbers at the new ``abstain_k``, as training stores them in the card
+    (``metrics.evaluation.ood_suite``; None for a model the MNIST-shaped suite does not fit)."""
+    card = predictor.card
+    if int(card.in_channels) != 1 or tuple(card.input_size) != (28, 28):
+        return None
+    from models.data import normalise_uint8
+    from models.evaluation.ood_suite import ood_suite_metrics, suite_members
+
+    _, suite, no_digit, labels = suite_members(
+        lambda b: forward_all(predictor, b),
+        lambda u: normalise_uint8(u, card.mean, card.std),
+        predictor.prepare_mode,
+        n_per_group=n_per_group,
+    )
+    return _jsonable(ood_suite_metrics(p, q, suite, abstain_k, no_digit, labels))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -183,3 +183,27 @@ def test_a_card_calibrated_with_abstain_k_alone_is_evaluated_at_the_served_k(
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["abstention"]["abstain_k"] == served.abstain_k
     assert "abstain k = 2" in (out / "report.md").read_text()
+
+
+def test_recalibrate_keeps_the_suite_and_refuses_what_it_cannot_rebuild(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Found by review (2026-11-29): recalibrating dropped the card's OOD-suite numbers, and
+    calibrated a model whose training also carved a calibration split on the validation split
+    alone (a different rule than the card said). The suite is recomputed at the new k now, and
+    such a model is refused (exit 2, one line)."""
+    import shutil
+
+    from models.evaluation.recalibrate import main as recalibrate_main
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model, model)
+    card_path = model / CARD_FILE
+    assert recalibrate_main([str(model), "--target-deferral", "0.1"]) == 0
+    card = json.loads(card_path.read_text())
+    assert card["abstain_calibration"]["target"] == 0.1
+    suite = card["metrics"]["evaluation"]["ood_suite"]
+    assert suite is not None and set(suite["groups"]) == set(OOD_GROUPS)
+    card["training"]["config"]["calibration_split"] = 0.1
+    card_path.write_text(json.dumps(card))
+    assert recalibrate_main([str(model)]) == 2
