@@ -38,6 +38,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import re
 import shutil
 import signal
 import socket
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from service.backlog import answer_queued
+from service.common.process import host_port
 from service.common.settings import Settings
 
 if TYPE_CHECKING:
@@ -145,8 +147,10 @@ class Supervisor:
         return None
 
     def make_arenas(self) -> None:
-        from service.common.shm import new_arena_file
+        from service.common.process import remove_stale
+        from service.common.shm import ARENA_PATTERN, new_arena_file, shm_dir
 
+        remove_stale(shm_dir(), ARENA_PATTERN)  # left by servers killed with SIGKILL
         for i in range(self.n_workers):  # O_EXCL, 0600, random names (service.common.shm)
             self.arenas.append(str(new_arena_file(self.arena_size, f"{os.getpid()}-{i}")))
 
@@ -225,6 +229,10 @@ class Supervisor:
         for end in self._wake:
             end.setblocking(False)
         signal.set_wakeup_fd(self._wake[1].fileno(), warn_on_full_buffer=False)
+        # held since the start (module run()): one that came meanwhile is handled now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+        if self._stopping:
+            return 0
         self.start_engine()
         # Import what front ends run before forking them, so the pages stay shared (copy-on-write);
         # while the engine starts: the two imports (~2.4 s each, torch and torchvision) then run
@@ -248,7 +256,7 @@ class Supervisor:
             self.frontends.append(self.start_frontend(i))
         print(
             f"vge serve: {self.n_workers} front end(s) + 1 engine; listening on "
-            f"http://{self.settings.host}:{self.port}",
+            f"http://{host_port(self.settings.host, self.port)}",
             file=sys.stderr,
             flush=True,
         )
@@ -359,13 +367,27 @@ class Supervisor:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+#: The supervisor's work directory (``vge-serve-<its pid>-<random>``), as
+#: :func:`service.common.process.remove_stale` finds those of servers killed with SIGKILL.
+WORKDIR_PATTERN = re.compile(r"vge-serve-(\d+)-[A-Za-z0-9_]+")
+
+
 def run(settings: Settings) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status (0 after a clean drain)."""
+    from service.common.process import mark_supervisor, remove_stale
+
+    # SIGTERM/SIGINT held from here until Supervisor.run takes them (its handlers): one sent while
+    # the server starts (binding imports torch and the app, seconds) ends it cleanly, exit 0 and
+    # nothing left behind, instead of killing it half-made (-15, its work directory leaked).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    mark_supervisor()
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    workdir = Path(tempfile.mkdtemp(prefix="vge-serve-"))
+    # named by this pid: the next server removes it if this one is killed with SIGKILL
+    remove_stale(Path(tempfile.gettempdir()), WORKDIR_PATTERN)
+    workdir = Path(tempfile.mkdtemp(prefix=f"vge-serve-{os.getpid()}-"))
     metrics_dir = workdir / "metrics"
     metrics_dir.mkdir()
     # Before anything imports prometheus-client: every process of this server writes its

@@ -298,9 +298,10 @@ class TrainConfig(ArchitectureSpec):
                 n = sum(p.numel() for p in self.build(classes, channels).parameters())
             except ValueError:
                 raise
-            except (TypeError, RuntimeError, ArithmeticError) as exc:
-                # the backbone's constructor: an unexpected keyword (TypeError), or a size it
-                # cannot build (a negative or zero width: RuntimeError, ZeroDivisionError)
+            except TypeError as exc:  # the backbone's constructor: an unexpected keyword
+                raise ValueError(f"backbone_kwargs do not fit {self.backbone}: {exc}") from None
+            except (RuntimeError, ArithmeticError) as exc:
+                # a size it cannot build (a zero or negative width: RuntimeError, a division)
                 raise ValueError(
                     f"backbone_kwargs {self.backbone_kwargs} do not fit {self.backbone}: "
                     f"{type(exc).__name__}: {exc}"

@@ -91,8 +91,11 @@ def check_url(url: str, setting: str) -> str:
         return url
     if url.startswith(POSTGRES_PREFIXES):
         return url
+    # A value that is no URL at all ("user:password@host/db", a libpq "host=… password=…"
+    # string) is not repeated: mask_url finds no password in it to mask
+    shown = repr(mask_url(url)) if "://" in url else "(a value with no scheme://)"
     raise ValueError(
-        f"{setting} {mask_url(url)!r} is not supported; use sqlite:///relative/path.sqlite3, "
+        f"{setting} {shown} is not supported; use sqlite:///relative/path.sqlite3, "
         "sqlite:////absolute/path.sqlite3 or postgresql://user:password@host:5432/dbname"
     )
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 
 def die_with_parent() -> None:
@@ -24,8 +27,22 @@ def die_with_parent() -> None:
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the supervisor died before prctl took effect
+    # The supervisor died before prctl took effect: this process has another parent now (init,
+    # or a subreaper). Compared with the supervisor's own pid, not with 1: in a container
+    # without an init the supervisor *is* pid 1, and every child killed itself at start-up.
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if supervisor is not None and os.getppid() != int(supervisor):
         os._exit(1)
+
+
+#: Where the supervisor leaves its pid for its children (:func:`mark_supervisor`); not a setting
+#: (no ``VGE_`` prefix).
+SUPERVISOR_PID_ENV = "_VGE_SUPERVISOR_PID"
+
+
+def mark_supervisor() -> None:
+    """In the supervisor, before it starts a child: its pid, for :func:`die_with_parent`."""
+    os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
 
 
 #: The names the supervisor's children give themselves (:func:`name_process`), by role.
@@ -62,3 +79,46 @@ def forget_parent_signals(inherited: tuple[int, ...] = ()) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as a URL or a gRPC target writes it: an IPv6 address in brackets (gRPC read
+    ``::1:50051`` as a host name and never listened)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def remove_stale(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
+    """Remove what servers killed with SIGKILL left in ``folder``: the entries whose name matches
+    ``pattern`` (its first group a pid), owned by this user, whose process is gone (a pid alive,
+    perhaps reused, keeps its entry). Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for entry in entries:
+        match = pattern.fullmatch(entry.name)
+        if match is None:
+            continue
+        try:
+            if entry.lstat().st_uid != uid or _alive(int(match.group(1))):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

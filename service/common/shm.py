@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,11 @@ def create_arena_file(path: Path, size: int) -> None:
         os.ftruncate(fd, size)
     finally:
         os.close(fd)
+
+
+#: The supervisor's arena files (``vge-<its pid>-<front end>-<random>.arena``): what
+#: :func:`service.common.process.remove_stale` looks for.
+ARENA_PATTERN = re.compile(r"vge-(\d+)-\d+-[0-9a-f]{16}\.arena")
 
 
 def new_arena_file(size: int, tag: str, base: Path | None = None) -> Path:

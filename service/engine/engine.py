@@ -565,8 +565,8 @@ def engine_main(
         format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s",
         force=True,  # forked, the supervisor's logging configuration came along
     )
-    engine = Engine(settings)
     try:
+        engine = Engine(settings)  # its databases: a failure here is one line too, not a traceback
         # uvloop, as the front ends: the engine's loop handles every request's messages (read,
         # queue, answer), and on plain asyncio it cost ~230 µs of CPU per request at 1,400 req/s.
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

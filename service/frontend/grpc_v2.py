@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from service.common import errors
+from service.common.process import host_port
 from service.frontend.deps import ServiceState
 from service.frontend.pipeline import Pixels, infer
 from service.frontend.routes.health import is_ready
@@ -240,6 +241,6 @@ async def start_grpc(state: ServiceState) -> Any:
         interceptors=[CallDeadline(settings.grpc_call_timeout_s)],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(make_servicer(state), server)
-    server.add_insecure_port(f"{settings.host}:{settings.grpc_port}")
+    server.add_insecure_port(host_port(settings.host, settings.grpc_port))  # IPv6 bracketed
     await server.start()
     return server

@@ -175,3 +175,17 @@ def test_umask_and_exposed_models_are_parsed() -> None:
     assert s.repository_index_names() == ["a", "b.v2"]
     assert Settings().resolved_umask() == 0o077 and Settings().repository_index_names() == []
     assert "Hunter2" not in repr(Settings(db_url="postgresql://u:Hunter2@h/db"))
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["u:S3cretPW@host/db", "host=h user=u password=S3cretPW dbname=d", "mysql://u:S3cretPW@h/d"],
+)
+def test_an_unsupported_database_url_is_refused_without_its_secret(url: str) -> None:
+    """Found by review (2026-11-29): a value with no scheme (no URL for the mask to find its
+    password in) was printed whole in the refusal."""
+    from service.common.db import check_url
+
+    with pytest.raises(ValueError, match="is not supported") as err:
+        check_url(url, "db_url (VGE_DB_URL / --db-url)")
+    assert "S3cretPW" not in str(err.value)

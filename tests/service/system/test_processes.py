@@ -487,3 +487,55 @@ def test_a_front_end_that_keeps_failing_at_start_up_stops_the_server(
             thief.close()
         srv.stop()
     assert "front end 0 keeps failing at start-up" in srv.log()
+
+
+def test_a_database_the_engine_cannot_open_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """Found by review (2026-11-29): the engine built itself outside its error handling, so a
+    jobs database it cannot open printed two tracebacks before the exit-2 line."""
+    proc = _serve("--jobs-db-url", "sqlite:////proc/no-such-dir/jobs.sqlite3")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "engine failed: FileNotFoundError" in proc.stderr and "/proc/no-such-dir" in proc.stderr
+
+
+def test_sigterm_while_the_server_starts_is_a_clean_exit(tmp_path: Path) -> None:
+    """Found by review (2026-11-29): a SIGTERM in the first seconds (while binding imports torch
+    and the app) killed the supervisor (-15) and left its work directory behind. The signals
+    are held from the start now and end the start-up cleanly: 0, nothing left."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VGE_")}
+    env["TMPDIR"] = str(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli.serve", "--host", "127.0.0.1", "--port", "0",
+         "--device", "cpu", "--model-dir", "lenet5-lle-vgn-mnist"],
+        cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("vge-serve-*")):  # the work directory: the start has begun
+        assert time.monotonic() < deadline and proc.poll() is None, "no work directory"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert not list(tmp_path.glob("vge-serve-*")), "work directory left behind"
+
+
+def test_what_a_killed_server_left_is_removed_by_the_next(tmp_path: Path) -> None:
+    """SIGKILL of the supervisor leaves its arenas in /dev/shm and its work directory (no cleanup
+    runs); on Kubernetes the /dev/shm emptyDir outlives the container, and filled up. A server
+    starting removes those whose process is gone (and nothing of a live one)."""
+    from service.common.process import remove_stale
+    from service.common.shm import ARENA_PATTERN
+    from service.supervisor import WORKDIR_PATTERN
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    left = tmp_path / f"vge-{dead}-0-{'a' * 16}.arena"
+    live = tmp_path / f"vge-{os.getpid()}-0-{'b' * 16}.arena"
+    other = tmp_path / f"vge-t-{'c' * 16}.arena"  # a test's arena: not the supervisor's
+    workdir = tmp_path / f"vge-serve-{dead}-x1y2z3"
+    for path in (left, live, other):
+        path.write_bytes(b"\0" * 64)
+    (workdir / "metrics").mkdir(parents=True)
+    assert remove_stale(tmp_path, ARENA_PATTERN) == [left]
+    assert remove_stale(tmp_path, WORKDIR_PATTERN) == [workdir]
+    assert live.exists() and other.exists() and not left.exists() and not workdir.exists()
