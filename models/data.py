@@ -585,8 +585,15 @@ def png_has_alpha(data: bytes) -> bool:
         return False
     if data[25] in (4, 6):
         return True
-    idat = data.find(b"IDAT")
-    return b"tRNS" in data[: idat if idat >= 0 else len(data)]
+    at = 8  # the chunks: 4-byte length, 4-byte type, data, 4-byte CRC; tRNS comes before IDAT
+    while at + 8 <= len(data):
+        kind = data[at + 4 : at + 8]
+        if kind == b"tRNS":
+            return True
+        if kind in (b"IDAT", b"IEND"):
+            return False
+        at += 12 + int.from_bytes(data[at : at + 4], "big")
+    return False
 
 
 def image_read_mode(data: bytes) -> ImageReadMode:
@@ -606,11 +613,12 @@ def image_read_mode(data: bytes) -> ImageReadMode:
 def _read_image(path: Path) -> torch.Tensor:
     """One image file as uint8 ``(C, H, W)``, decoded as the service decodes uploads
     (``torchvision.io.decode_image``, unchanged mode; first frame; 16-bit scaled to 8)."""
-    from torchvision.io import decode_image, read_file
+    from torchvision.io import decode_image
 
     try:
-        data = read_file(str(path))
-        img = decode_image(data, mode=image_read_mode(path.read_bytes()))
+        raw = path.read_bytes()  # read once: the mode and the pixels from the same bytes
+        data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        img = decode_image(data, mode=image_read_mode(raw))
     except (RuntimeError, ValueError) as e:
         raise ValueError(f"{path}: cannot decode image: {str(e).splitlines()[0]}") from None
     if img.ndim == 4:  # animated GIF: first frame

@@ -95,6 +95,7 @@ class Supervisor:
         self.n_workers = settings.resolved_workers()
         self.arena_size = settings.shm_mb_per_worker * 1024 * 1024
         self.arenas: list[str] = []
+        self._held: list[int] = []  # locked descriptors of its arenas (service.common.process.hold)
         self.listeners: list[socket.socket] = []
         self.port = 0
         self.engine: SpawnProcess | ForkProcess | None = None
@@ -147,12 +148,14 @@ class Supervisor:
         return None
 
     def make_arenas(self) -> None:
-        from service.common.process import remove_stale
+        from service.common.process import hold, remove_stale
         from service.common.shm import ARENA_PATTERN, new_arena_file, shm_dir
 
         remove_stale(shm_dir(), ARENA_PATTERN)  # left by servers killed with SIGKILL
         for i in range(self.n_workers):  # O_EXCL, 0600, random names (service.common.shm)
-            self.arenas.append(str(new_arena_file(self.arena_size, f"{os.getpid()}-{i}")))
+            path = new_arena_file(self.arena_size, f"{os.getpid()}-{i}")
+            self._held.append(hold(path))  # while this server lives, no other removes it
+            self.arenas.append(str(path))
 
     def start_engine(self) -> None:
         """Start the engine: spawned (a fresh interpreter; CUDA needs one), or forked with
@@ -367,14 +370,14 @@ class Supervisor:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-#: The supervisor's work directory (``vge-serve-<its pid>-<random>``), as
+#: The supervisor's work directory (``vge-serve-<random>``), as
 #: :func:`service.common.process.remove_stale` finds those of servers killed with SIGKILL.
-WORKDIR_PATTERN = re.compile(r"vge-serve-(\d+)-[A-Za-z0-9_]+")
+WORKDIR_PATTERN = re.compile(r"vge-serve-[A-Za-z0-9_]+")
 
 
 def run(settings: Settings) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit status (0 after a clean drain)."""
-    from service.common.process import mark_supervisor, remove_stale
+    from service.common.process import LOCK_NAME, hold, mark_supervisor, remove_stale
 
     # SIGTERM/SIGINT held from here until Supervisor.run takes them (its handlers): one sent while
     # the server starts (binding imports torch and the app, seconds) ends it cleanly, exit 0 and
@@ -385,9 +388,11 @@ def run(settings: Settings) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    # named by this pid: the next server removes it if this one is killed with SIGKILL
+    # held locked while this server lives: the next one removes it if this one is killed
     remove_stale(Path(tempfile.gettempdir()), WORKDIR_PATTERN)
-    workdir = Path(tempfile.mkdtemp(prefix=f"vge-serve-{os.getpid()}-"))
+    workdir = Path(tempfile.mkdtemp(prefix="vge-serve-"))
+    (workdir / LOCK_NAME).touch(mode=0o600)
+    hold(workdir / LOCK_NAME)
     metrics_dir = workdir / "metrics"
     metrics_dir.mkdir()
     # Before anything imports prometheus-client: every process of this server writes its

@@ -93,7 +93,11 @@ def check_url(url: str, setting: str) -> str:
         return url
     # A value that is no URL at all ("user:password@host/db", a libpq "host=… password=…"
     # string) is not repeated: mask_url finds no password in it to mask
-    shown = repr(mask_url(url)) if "://" in url else "(a value with no scheme://)"
+    shown = (
+        repr(mask_url(url))
+        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url)
+        else "(a value with no scheme://)"
+    )
     raise ValueError(
         f"{setting} {shown} is not supported; use sqlite:///relative/path.sqlite3, "
         "sqlite:////absolute/path.sqlite3 or postgresql://user:password@host:5432/dbname"

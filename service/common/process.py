@@ -87,38 +87,62 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
-def remove_stale(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
-    """Remove what servers killed with SIGKILL left in ``folder``: the entries whose name matches
-    ``pattern`` (its first group a pid), owned by this user, whose process is gone (a pid alive,
-    perhaps reused, keeps its entry). Returns what was removed."""
+def hold(path: Path) -> int:
+    """Open ``path`` and hold an exclusive lock on it for as long as this process (or a forked
+    child that inherited the descriptor) lives: how :func:`remove_stale` tells a live server's
+    files from a killed one's. Returns the descriptor (kept open on purpose)."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def remove_stale(folder: Path, pattern: re.Pattern[str], min_age_s: float = 60.0) -> list[Path]:
+    """Remove what servers killed with SIGKILL left in ``folder``: the entries named like
+    ``pattern``, owned by this user, older than ``min_age_s``, and not held by anyone (an arena
+    file, or a work directory's ``lock`` file, whose :func:`hold` lock can be taken: its server
+    is gone, whatever pids say — a container's supervisor is pid 1 at every start, and a server
+    in another pid namespace sharing the folder has a pid that means nothing here). An entry
+    without a lock to test (a work directory of an older version) is left. Returns what was
+    removed."""
+    import fcntl
+    import time
+
     removed: list[Path] = []
     try:
         entries = list(folder.iterdir())
     except OSError:
         return removed
-    uid = os.getuid()
+    uid, now = os.getuid(), time.time()
     for entry in entries:
-        match = pattern.fullmatch(entry.name)
-        if match is None:
+        if pattern.fullmatch(entry.name) is None:
             continue
         try:
-            if entry.lstat().st_uid != uid or _alive(int(match.group(1))):
+            info = entry.lstat()
+            if info.st_uid != uid or now - info.st_mtime < min_age_s or entry.is_symlink():
                 continue
-            if entry.is_dir() and not entry.is_symlink():
+            lock = entry / LOCK_NAME if entry.is_dir() else entry
+            fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its server is alive
+            os.close(fd)
+            continue
+        try:  # removed while the lock is held: nobody starts using it meanwhile
+            if entry.is_dir():
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
+            removed.append(entry)
         except OSError:
-            continue
-        removed.append(entry)
+            pass
+        finally:
+            os.close(fd)
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+#: The file in a supervisor's work directory it holds locked (:func:`hold`) while it lives.
+LOCK_NAME = "lock"

@@ -64,8 +64,8 @@ def create_arena_file(path: Path, size: int) -> None:
 
 
 #: The supervisor's arena files (``vge-<its pid>-<front end>-<random>.arena``): what
-#: :func:`service.common.process.remove_stale` looks for.
-ARENA_PATTERN = re.compile(r"vge-(\d+)-\d+-[0-9a-f]{16}\.arena")
+#: :func:`service.common.process.remove_stale` looks for (by their locks, not their pids).
+ARENA_PATTERN = re.compile(r"vge-\d+-\d+-[0-9a-f]{16}\.arena")
 
 
 def new_arena_file(size: int, tag: str, base: Path | None = None) -> Path:

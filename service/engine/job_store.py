@@ -88,6 +88,15 @@ class JobStore:
         )
         return changed == 1
 
+    def cancel_queued(self, job_id: str, now: float) -> bool:
+        """Mark a job cancelled if it is still queued (one conditional write: a replica starting
+        it at the same moment and this never both win). Whether it was marked."""
+        changed = self.db.execute(
+            "UPDATE jobs SET state = ?, finished_at = ? WHERE id = ? AND state = ?",
+            (JobState.CANCELLED.value, now, job_id, JobState.QUEUED.value),
+        )
+        return changed == 1
+
     def add_event(self, job_id: str, event: dict[str, Any]) -> None:
         with self.db.transaction() as db:
             n = int(db.scalar("SELECT COUNT(*) AS n FROM job_events WHERE job_id = ?", (job_id,)))

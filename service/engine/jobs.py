@@ -482,9 +482,10 @@ class JobManager:
             if job["state"].terminal:
                 raise Conflict(f"job {job_id} is already {job['state']}; nothing to cancel")
             self.store.update(job_id, cancel_requested=1)
-            if job["state"] is JobState.QUEUED:
-                self._remove_export(job_id)  # before the state: nothing of an ended job left
-                self.store.update(job_id, state=JobState.CANCELLED, finished_at=time.time())
+            # queued, and still so when written (a replica may be launching it: one of the two
+            # conditional writes wins, store.start_running or this)
+            if job["state"] is JobState.QUEUED and self.store.cancel_queued(job_id, time.time()):
+                self._remove_export(job_id)
             elif job_id in self._running:
                 r = self._running[job_id]
                 r.stop.set()
@@ -536,13 +537,15 @@ class JobManager:
 
     def _launch(self, job: JobRow) -> None:
         job_id = job["id"]
-        if not self.store.start_running(job_id, time.time()):
-            return  # cancelled meanwhile (through another replica): never started
+        # Everything that can fail before the process runs, first: the job stays queued (the
+        # next launch tries again) rather than running with no process
         job_dir = self.settings.jobs_dir / job_id
         job_dir.mkdir(parents=True, exist_ok=True)
         out_dir = self.settings.models_root / job_id
         events = self._ctx.Queue()
         stop = self._ctx.Event()
+        if not self.store.start_running(job_id, time.time()):
+            return  # cancelled meanwhile (through another replica): never started
         process = self._ctx.Process(
             target=child_main,
             args=(job_id, json.dumps(job["config"]), str(out_dir), str(job_dir / LOG_NAME),

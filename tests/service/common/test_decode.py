@@ -299,6 +299,30 @@ def test_a_palette_png_decodes_to_its_colours_not_its_indices(tmp_path) -> None:
             assert got.finding == Finding.ok and torch.equal(got.image, expected.image)
 
 
+def test_transparency_is_read_from_the_chunks_not_from_any_bytes() -> None:
+    """A palette whose colours spell "tRNS" (or "IDAT") is no transparency: the bytes were
+    searched, not the chunks walked, and such a PNG was decoded as RGB_ALPHA (garbage)."""
+    import io
+
+    from PIL import Image
+    from torchvision.io import ImageReadMode
+
+    from models.data import image_read_mode, png_has_alpha
+
+    for colour in (b"tRN", b"IDA"):  # with the next entry's first byte: "tRNS", "IDAT"
+        pal = Image.fromarray(np.eye(8, dtype=np.uint8), mode="P")
+        pal.putpalette([255, 255, 255, *colour, ord("S") if colour == b"tRN" else ord("T"), 0, 0])
+        buf = io.BytesIO()
+        pal.save(buf, "PNG")
+        data = buf.getvalue()
+        assert (b"tRNS" in data or b"IDAT" in data[:60]) and not png_has_alpha(data)
+        assert image_read_mode(data) == ImageReadMode.RGB
+        buf = io.BytesIO()
+        pal.save(buf, "PNG", transparency=0)
+        assert png_has_alpha(buf.getvalue())
+        assert image_read_mode(buf.getvalue()) == ImageReadMode.RGB_ALPHA
+
+
 def _write(folder, data: bytes):  # type: ignore[no-untyped-def]
     path = folder / f"{len(list(folder.iterdir()))}.png"
     path.write_bytes(data)

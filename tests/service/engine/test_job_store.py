@@ -332,3 +332,8 @@ def test_a_cancelled_job_is_never_started(db_url: str) -> None:
     job = a.get("job-2")
     assert job is not None and (job["state"], job["started_at"]) == ("running", 2.0)
     assert a.start_running("job-2", 3.0) is False  # once
+    assert b.cancel_queued("job-2", 4.0) is False  # running: the owner stops it (it polls)
+    a.create("job-3", {"epochs": 1})
+    assert b.cancel_queued("job-3", 5.0) is True and a.start_running("job-3", 6.0) is False
+    job = a.get("job-3")
+    assert job is not None and job["state"] == "cancelled"

@@ -522,20 +522,34 @@ def test_sigterm_while_the_server_starts_is_a_clean_exit(tmp_path: Path) -> None
 def test_what_a_killed_server_left_is_removed_by_the_next(tmp_path: Path) -> None:
     """SIGKILL of the supervisor leaves its arenas in /dev/shm and its work directory (no cleanup
     runs); on Kubernetes the /dev/shm emptyDir outlives the container, and filled up. A server
-    starting removes those whose process is gone (and nothing of a live one)."""
-    from service.common.process import remove_stale
+    starting removes those no live server holds (their locks, not their pids: a container's
+    supervisor is pid 1 at every start, and pids of another namespace mean nothing here), and
+    nothing just made or of an older version (a work directory without its lock file)."""
+    from service.common.process import LOCK_NAME, hold, remove_stale
     from service.common.shm import ARENA_PATTERN
     from service.supervisor import WORKDIR_PATTERN
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    left = tmp_path / f"vge-{dead}-0-{'a' * 16}.arena"
-    live = tmp_path / f"vge-{os.getpid()}-0-{'b' * 16}.arena"
+    old = time.time() - 3600
+    left = tmp_path / f"vge-1-0-{'a' * 16}.arena"  # a killed pid-1 supervisor's
+    live = tmp_path / f"vge-1-1-{'b' * 16}.arena"  # a live server's (the same pid, elsewhere)
+    fresh = tmp_path / f"vge-7-0-{'d' * 16}.arena"  # just made, not locked yet
     other = tmp_path / f"vge-t-{'c' * 16}.arena"  # a test's arena: not the supervisor's
-    workdir = tmp_path / f"vge-serve-{dead}-x1y2z3"
-    for path in (left, live, other):
+    for path in (left, live, fresh, other):
         path.write_bytes(b"\0" * 64)
-    (workdir / "metrics").mkdir(parents=True)
-    assert remove_stale(tmp_path, ARENA_PATTERN) == [left]
-    assert remove_stale(tmp_path, WORKDIR_PATTERN) == [workdir]
-    assert live.exists() and other.exists() and not left.exists() and not workdir.exists()
+    held = hold(live)
+    dead_dir, live_dir, older_dir = (tmp_path / f"vge-serve-{n}" for n in ("x1", "y2", "z3"))
+    for d in (dead_dir, live_dir, older_dir):
+        (d / "metrics").mkdir(parents=True)
+    for d in (dead_dir, live_dir):
+        (d / LOCK_NAME).touch()
+    held_dir = hold(live_dir / LOCK_NAME)
+    for path in (left, live, other, dead_dir, live_dir, older_dir):
+        os.utime(path, (old, old))
+    try:
+        assert remove_stale(tmp_path, ARENA_PATTERN) == [left]
+        assert remove_stale(tmp_path, WORKDIR_PATTERN) == [dead_dir]
+        assert live.exists() and fresh.exists() and other.exists() and not left.exists()
+        assert live_dir.exists() and older_dir.exists() and not dead_dir.exists()
+    finally:
+        os.close(held)
+        os.close(held_dir)
