@@ -30,6 +30,17 @@ def _wait(server: Server, job_id: str, states: set[str], timeout: float = 120) -
     raise AssertionError(f"job {job_id} never reached {states}: {job}\n{server.log()}")
 
 
+def _running_with_events(server: Server, client: httpx.Client) -> str:
+    """Submit a long job; its id once it runs and has reported its first event."""
+    job_id = str(client.post("/v1/training-jobs", json=LONG).json()["id"])
+    _wait(server, job_id, {"running"})
+    deadline = time.monotonic() + 60
+    while not client.get(f"/v1/training-jobs/{job_id}").json()["events"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    return job_id
+
+
 def _until(cond: Callable[[], bool], timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -64,12 +75,7 @@ def test_job_lifecycle_cancel_promote_and_restart(
             assert c.get("/v1/models").json()["models"][0]["name"] == "job-model"
 
             # cancel a running job
-            long_id = c.post("/v1/training-jobs", json=LONG).json()["id"]
-            _wait(srv, long_id, {"running"})
-            deadline = time.monotonic() + 60
-            while not c.get(f"/v1/training-jobs/{long_id}").json()["events"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+            long_id = _running_with_events(srv, c)
             r = c.post(f"/v1/training-jobs/{long_id}/cancel")
             assert r.status_code == 200, r.text
             assert _wait(srv, long_id, {"cancelled", "failed", "succeeded"})["state"] == "cancelled"
@@ -230,12 +236,7 @@ def test_a_cancel_through_another_replica_stops_the_job(
     srv = start_server(work / "a", tiny_model, api_key=API_KEY, replica_name="a")
     try:
         with srv.client(headers=H) as c:
-            job_id = c.post("/v1/training-jobs", json=LONG).json()["id"]
-            _wait(srv, job_id, {"running"})
-            deadline = time.monotonic() + 60
-            while not c.get(f"/v1/training-jobs/{job_id}").json()["events"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+            job_id = _running_with_events(srv, c)
         other = JobManager(  # replica b: the same jobs database, its own folders, not started
             Settings(jobs_db_url=f"sqlite:///{work / 'a' / 'jobs.sqlite3'}", replica_name="b",
                      jobs_dir=work / "b" / "jobs", models_root=work / "b" / "models"),

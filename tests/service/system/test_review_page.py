@@ -59,6 +59,14 @@ def _wait(cond, timeout: float = 20.0, what: str = "condition"):  # type: ignore
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _queue(url: str, pngs: list[bytes]) -> list[str]:
+    """Queue ``pngs`` for review (``review=always``); their review ids, in order."""
+    files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs)]
+    r = httpx.post(url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
+    assert r.status_code == 200, r.text
+    return [x["review_id"] for x in r.json()["results"]]
+
+
 def test_reviewer_labels_with_the_keyboard(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pngs: list[bytes], browser
 ) -> None:
@@ -67,9 +75,7 @@ def test_reviewer_labels_with_the_keyboard(
     work = tmp_path_factory.mktemp("review-page")
     srv = start_in_process(work, tiny_model, review_queue="on", reviewer_key=KEY)
     try:
-        files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[20:24])]
-        r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
-        ids = [x["review_id"] for x in r.json()["results"]]
+        ids = _queue(srv.url, pngs[20:24])
         # The page and the images: a CSP (no framing, the page's own script only) and nosniff.
         for resp in (httpx.get(srv.url + "/review"),
                      httpx.get(f"{srv.url}/v1/reviews/{ids[0]}/image", headers=H)):  # fmt: skip
@@ -161,9 +167,7 @@ def test_no_key_labels_an_item_the_page_does_not_show_and_a_failed_label_is_kept
     work = tmp_path_factory.mktemp("review-page-faults")
     srv = start_in_process(work, tiny_model, review_queue="on", reviewer_key=KEY)
     try:
-        files = [("images", (f"{i}.png", p, "image/png")) for i, p in enumerate(pngs[30:33])]
-        r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
-        ids = [x["review_id"] for x in r.json()["results"]]
+        ids = _queue(srv.url, pngs[30:33])
         sha = hashlib.sha256(pngs[31]).hexdigest()
         (work / "reviews" / "blobs" / sha[:2] / sha).unlink()  # the second item's image is gone
 
@@ -202,9 +206,7 @@ def test_no_key_labels_an_item_the_page_does_not_show_and_a_failed_label_is_kept
         # (3) refused, not failed: the shown item was closed meanwhile (here skipped through
         # the API): a skip from the page is a 409 that pressing again cannot change, so the
         # page says so and moves on instead of asking to retry
-        files = [("images", ("late.png", pngs[33], "image/png"))]
-        r = httpx.post(srv.url + "/v1/predict?review=always", files=files, timeout=30, headers=H)
-        late = r.json()["results"][0]["review_id"]
+        (late,) = _queue(srv.url, pngs[33:34])
         _wait(lambda: body.get_attribute("data-review-id") == late, what="the late item")
         r = httpx.post(
             f"{srv.url}/v1/reviews/{late}/skip", headers=H, json={"reviewer": "reviewer"}
