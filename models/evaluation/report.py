@@ -159,12 +159,20 @@ def render_report(
             else ""
         )
         k = f"abstain k = {cal['abstain_k']:.4g}" if cal.get("abstain_k") is not None else ""
+        served = (metrics.get("abstention") or {}).get("abstain_k")
+        differs = (
+            f" The numbers above are at the k the server answers with, {served:.4g}: this "
+            "calibration is for another member set than the one it answers from."
+            if served is not None and cal.get("abstain_k") is not None
+            and abs(float(served) - float(cal["abstain_k"])) > 1e-9
+            else ""
+        )  # fmt: skip
         out += [
             "## Deferral threshold calibration",
             "",
             f"Chosen on the validation split when the model was trained. {how}{k}, "
             f"achieved deferral {_fmt(cal.get('achieved_deferral'))}, "
-            f"error among accepted {_fmt(cal.get('achieved_risk'))}.",
+            f"error among accepted {_fmt(cal.get('achieved_risk'))}.{differs}",
             "",
         ]
 

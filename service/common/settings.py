@@ -560,15 +560,9 @@ class Settings(BaseSettings):
         more than two or three (docs/benchmarks.md, "Front ends per core"). A light model at high
         concurrency gains from more front ends: there, set ``workers``.
         """
-        import os
-
         if self.workers:
             return self.workers
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except AttributeError:  # not Linux
-            cpus = os.cpu_count() or 1
-        return max(1, cpus - 1)
+        return max(1, _usable_cpus() - 1)
 
     def resolved_compile(self) -> bool:
         """Whether the engine compiles (``auto``: on CUDA devices only)."""
@@ -593,14 +587,13 @@ class Settings(BaseSettings):
         return 256 if (device or self.resolved_device()).startswith("cuda") else 32
 
     def resolved_torch_threads(self) -> int:
-        """Intra-op threads of the engine: ``torch_threads``, else half the cores on a CPU, 1 on a
-        GPU."""
-        import os
-
+        """Intra-op threads of the engine: ``torch_threads``, else half the CPUs this process may
+        run on (its affinity, as :meth:`resolved_workers` counts them: a container pinned to 4
+        of a host's 64 cores gets 2, not 32) on a CPU, 1 on a GPU."""
         if self.torch_threads:
             return self.torch_threads
         if self.resolved_device() == "cpu":
-            return max(1, (os.cpu_count() or 2) // 2)
+            return max(1, _usable_cpus() // 2)
         # On a GPU the engine's CPU work is concatenations and copies: intra-op threads would only
         # spin on the cores the front ends decode on.
         return 1
@@ -610,3 +603,13 @@ class Settings(BaseSettings):
         from models.device import resolve_device
 
         return self.device if self.device != "auto" else str(resolve_device())
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity; the machine's count where there is none)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -79,7 +79,8 @@ def check_reviewer(settings: Settings, headers: Mapping[str, str]) -> tuple[str 
     keys = [k.get_secret_value() for k in (settings.reviewer_key, settings.api_key) if k]
     if not keys and not personal:
         raise Forbidden(
-            "the review API is disabled: start the server with VGE_REVIEWER_KEY (or VGE_API_KEY)"
+            "the review API is disabled: start the server with VGE_REVIEWER_KEY, personal keys "
+            "(VGE_REVIEWER_KEYS=name:key,...) or VGE_API_KEY"
         )
     presented = _presented_key(headers)
     if presented is None:

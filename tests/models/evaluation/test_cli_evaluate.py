@@ -182,7 +182,8 @@ def test_a_card_calibrated_with_abstain_k_alone_is_evaluated_at_the_served_k(
     assert main(["evaluate", str(model), "--split", "test", "--out", str(out)]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["abstention"]["abstain_k"] == served.abstain_k
-    assert "abstain k = 2" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "abstain k = 2" in report and "at the k the server answers with, 1:" in report
 
 
 def test_recalibrate_keeps_the_suite_and_refuses_what_it_cannot_rebuild(

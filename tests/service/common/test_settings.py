@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,21 @@ def test_an_unsupported_database_url_is_refused_without_its_secret(url: str) -> 
     with pytest.raises(ValueError, match="is not supported") as err:
         check_url(url, "db_url (VGE_DB_URL / --db-url)")
     assert "S3cretPW" not in str(err.value)
+
+
+def test_engine_threads_and_front_ends_count_the_cpus_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review (2026-11-29): the engine's intra-op threads counted the machine's cores
+    (os.cpu_count) where the front ends count the process's affinity: a container allowed a few
+    cores of a 64-core host got 32 threads. Both count the affinity (here a host of 64 cores is
+    what os.cpu_count says; the affinity is this box's)."""
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    from service.common.settings import Settings
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    allowed = len(os.sched_getaffinity(0))
+    settings = Settings(device="cpu")
+    assert settings.resolved_torch_threads() == max(1, allowed // 2)
+    assert settings.resolved_workers() == max(1, allowed - 1)
