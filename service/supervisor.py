@@ -95,7 +95,6 @@ class Supervisor:
         self.n_workers = settings.resolved_workers()
         self.arena_size = settings.shm_mb_per_worker * 1024 * 1024
         self.arenas: list[str] = []
-        self._held: list[int] = []  # locked descriptors of its arenas (service.common.process.hold)
         self.listeners: list[socket.socket] = []
         self.port = 0
         self.engine: SpawnProcess | ForkProcess | None = None
@@ -154,7 +153,7 @@ class Supervisor:
         remove_stale(shm_dir(), ARENA_PATTERN)  # left by servers killed with SIGKILL
         for i in range(self.n_workers):  # O_EXCL, 0600, random names (service.common.shm)
             path = new_arena_file(self.arena_size, f"{os.getpid()}-{i}")
-            self._held.append(hold(path))  # while this server lives, no other removes it
+            hold(path)  # locked while this server lives: no other server removes it
             self.arenas.append(str(path))
 
     def start_engine(self) -> None:

@@ -329,13 +329,11 @@ class TrainConfig(ArchitectureSpec):
             raise ValueError("augment_elastic is part of the training augmentation: set augment")
         if self.target_deferral is not None and self.target_risk is not None:
             raise ValueError("give at most one of target_deferral and target_risk")
-        if self.image_size is not None:
-            folder = parse_imagefolder(self.dataset)
-            if folder is None or folder[1]:  # its images come at the dataset's own size
-                raise ValueError(
-                    f"image_size resizes the images of a plain 'imagefolder:<path>' dataset; "
-                    f"{self.dataset!r} is read at its own size: leave image_size out"
-                )
+        if self.image_size is not None and not resizes_images(self.dataset):
+            raise ValueError(
+                f"image_size resizes the images of a plain 'imagefolder:<path>' dataset; "
+                f"{self.dataset!r} is read at its own size: leave image_size out"
+            )
         return self
 
     def model_name(self) -> str:
@@ -347,6 +345,13 @@ class TrainConfig(ArchitectureSpec):
             else ("mnist" if self.dataset == "mnist-bundled" else self.dataset.lower())
         )
         return f"{self.backbone}-{self.ensemble}{'-vgn' if self.vgn else ''}-{data}"
+
+
+def resizes_images(dataset: str) -> bool:
+    """Whether ``image_size`` applies to ``dataset``: a plain ``imagefolder:<path>`` (bundled
+    MNIST, torchvision datasets and the mixed ``…+mnist-bundled`` are read at their own size)."""
+    folder = parse_imagefolder(dataset)
+    return folder is not None and not folder[1]
 
 
 class _BoundedBuild(TorchFunctionMode):

@@ -91,17 +91,19 @@ def check_url(url: str, setting: str) -> str:
         return url
     if url.startswith(POSTGRES_PREFIXES):
         return url
-    # A value that is no URL at all ("user:password@host/db", a libpq "host=… password=…"
-    # string) is not repeated: mask_url finds no password in it to mask
-    shown = (
-        repr(mask_url(url))
-        if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url)
-        else "(a value with no scheme://)"
-    )
     raise ValueError(
-        f"{setting} {shown} is not supported; use sqlite:///relative/path.sqlite3, "
+        f"{setting} {shown_url(url)} is not supported; use sqlite:///relative/path.sqlite3, "
         "sqlite:////absolute/path.sqlite3 or postgresql://user:password@host:5432/dbname"
     )
+
+
+def shown_url(url: str) -> str:
+    """A database setting as a refusal may show it: a URL with its password masked
+    (:func:`mask_url`); a value that is no URL at all (``user:password@host/db``, a libpq
+    ``host=… password=…`` string) not repeated, as the mask finds no password in it."""
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url):
+        return repr(mask_url(url))
+    return "(a value with no scheme://)"
 
 
 def sqlite_path(url: str) -> Path:

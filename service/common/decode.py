@@ -192,7 +192,7 @@ def _clean(exc: Exception) -> str:
     return re.sub(r"\s*For avif and heic.*$", "", text)[:200]
 
 
-def read_mode(header: ImageHeader | None, data: bytes = b"") -> ImageReadMode:
+def read_mode(header: ImageHeader | None, data: bytes) -> ImageReadMode:
     """UNCHANGED (gray stays gray, alpha is dropped later), except for CMYK/YCCK JPEGs: those
     decode UNCHANGED to four inverted ink channels, which would be read as RGBA (a digit came out
     all white); the decoder's own conversion to RGB is the picture. And palette PNGs (``data``):

@@ -311,7 +311,7 @@ class ReviewStore:
     def pending_count(self, model: str | None = None) -> int:
         sql = "SELECT COUNT(*) AS n FROM reviews WHERE state = 'pending'"
         with self.connection.use() as db:
-            if model is None:
+            if not model:  # None or "": every model, as claim, list, stats and export read it
                 return int(db.scalar(sql))
             return int(db.scalar(sql + " AND model = ?", (model,)))
 

@@ -397,10 +397,10 @@ class Settings(BaseSettings):
     @classmethod
     def _check_jobs_db_url(cls, v: str) -> str:
         if not v.startswith("sqlite:///") or len(v) <= len("sqlite:///"):
-            # not repeated: a PostgreSQL URL given here holds a password (db.check_url's rule)
-            scheme = v.split("://", 1)[0] + "://…" if "://" in v else "a value with no scheme://"
+            from service.common.db import shown_url  # a PostgreSQL URL here holds a password
+
             raise ValueError(
-                f"jobs_db_url ({scheme}) is not supported; use sqlite:///relative/path.sqlite3 or "
+                f"jobs_db_url {shown_url(v)} is not supported; use sqlite:///relative/path.sqlite3 or "
                 "sqlite:////absolute/path.sqlite3 (VGE_JOBS_DB_URL / --jobs-db-url), or set "
                 "VGE_DB_URL=postgresql://... for a shared database"
             )

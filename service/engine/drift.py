@@ -8,8 +8,8 @@ traffic lives. Per answered image it observes ``vge_prediction_vgmu``/``_eu``/``
 ``vge_abstain_ratio_window`` and the card's ``vge_calibrated_deferral``. A card without a
 reference (older models) exports no drift gauge.
 
-The window holds only answers scored by the served rule (:func:`served_rule`: what a request
-that gives no options gets): VGMU and EU from its member set (a request's ``vgmu_on`` may ask for
+The window holds only answers scored by the served rule (``served``: the options a request that
+gives none gets, ``Predictor.options``): VGMU and EU from its member set (a request's ``vgmu_on`` may ask for
 the other), abstentions at its ``abstain_k`` too (the card's calibrated k, or the server's
 ``VGE_ABSTAIN_K``; a request's ``abstain_k`` moves them). Other answers count in the histograms and class counters only: a client's options alone
 must not move a gauge that alerts on a shift of the inputs. The abstain share is the model's own
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from models.evaluation.drift import DRIFT_EDGES, DRIFT_SCORES, bin_fractions, psi
-from models.serving import ScoreColumns, ScoreOptions, resolve_options
+from models.serving import ScoreColumns, ScoreOptions
 from service.common.metrics import Metrics, inc_many, observe_many
 
 #: Images in the sliding window; with fewer, drift is not exported yet (too noisy to alert on).
@@ -73,8 +73,8 @@ class UncertaintyMonitor:
         model: str,
         card: Any,
         metrics: Metrics,
+        served: ScoreOptions,
         window: int = WINDOW,
-        default_abstain_k: float | None = None,
     ) -> None:
         self.model = model
         self.metrics = metrics
@@ -85,9 +85,8 @@ class UncertaintyMonitor:
         self._deferral_exported = deferral is not None
         self.retired = False  # the model is no longer served (see retire)
         # The served rule: the options a request that gives none is scored with (the server's
-        # VGE_ABSTAIN_K, ``default_abstain_k``, else the card's calibrated k), resolved by the
-        # one function the server resolves them with
-        self.members, self.abstain_k = served_rule(card, default_abstain_k)
+        # VGE_ABSTAIN_K, else the card's calibrated k; the engine resolves them)
+        self.members, self.abstain_k = served.members, served.abstain_k
         self._scores = _Ring(window, 2)  # vgmu, eu of answers on the reference's member set
         self._abstain = _Ring(window, 1)  # abstain of those answered at the calibrated k
         self._last = 0.0
@@ -155,18 +154,6 @@ class UncertaintyMonitor:
                 if score in self.reference:
                     value = psi(self.reference[score], bin_fractions(window[:, i]))
                     self.metrics.uncertainty_drift.labels(model=self.model, score=score).set(value)
-
-
-def served_rule(card: Any, default_abstain_k: float | None) -> tuple[str, float]:
-    """The member set and ``abstain_k`` a request without options is answered with
-    (:func:`models.serving.resolve_options`, as the server resolves them)."""
-    vgn = bool(getattr(card, "vgn", False))
-    k_for = getattr(card, "abstain_k_for", None)
-    calibrated = {m: (k_for(m) if k_for is not None else None) for m in ("p", "q")}
-    options = resolve_options(model=str(getattr(card, "name", "model")), vgn=vgn,
-                              calibrated_k=calibrated, num_classes=1,
-                              default_abstain_k=default_abstain_k)  # fmt: skip
-    return options.members, options.abstain_k
 
 
 class _Ring:

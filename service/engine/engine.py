@@ -285,8 +285,8 @@ class Engine:
         if monitor is None:
             for old in [g for g in self._monitors if g < generation - 1]:
                 del self._monitors[old]
-            monitor = UncertaintyMonitor(predictor.card.name, predictor.card, self.metrics,
-                                         default_abstain_k=self.settings.abstain_k)  # fmt: skip
+            served = predictor.options(default_abstain_k=self.settings.abstain_k)
+            monitor = UncertaintyMonitor(predictor.card.name, predictor.card, self.metrics, served)
             self._monitors[generation] = monitor
             current = self.models.current
             if current is not None and generation != current.info.generation:

@@ -487,9 +487,7 @@ class JobManager:
             if job["state"] is JobState.QUEUED and self.store.cancel_queued(job_id, time.time()):
                 self._remove_export(job_id)
             elif job_id in self._running:
-                r = self._running[job_id]
-                r.stop.set()
-                threading.Thread(target=self._force_stop, args=(r,), daemon=True).start()
+                self._stop(self._running[job_id])
         self._refresh_gauge()
         return self.get(job_id)
 
@@ -517,8 +515,12 @@ class JobManager:
             return
         if job is not None and job["cancel_requested"]:
             log.info("job %s: cancelled through another replica; stopping it", job_id)
-            r.stop.set()
-            threading.Thread(target=self._force_stop, args=(r,), daemon=True).start()
+            self._stop(r)
+
+    def _stop(self, r: _Running) -> None:
+        """Ask a running job to stop (cooperative), and force it after :data:`CANCEL_GRACE_S`."""
+        r.stop.set()
+        threading.Thread(target=self._force_stop, args=(r,), daemon=True).start()
 
     @staticmethod
     def _force_stop(r: _Running) -> None:
@@ -640,13 +642,11 @@ class JobManager:
 
 
 def _resized_by(dataset: str | None) -> bool:
-    """Whether ``image_size`` applies to ``dataset`` (a plain ImageFolder, the reviews folder)."""
-    from models.data import parse_imagefolder
+    """Whether ``image_size`` applies to ``dataset``: the reviews folder (an ImageFolder once
+    exported), or :func:`models.training.config.resizes_images`."""
+    from models.training.config import resizes_images
 
-    if dataset == "reviews":
-        return True
-    folder = parse_imagefolder(dataset or "")
-    return folder is not None and not folder[1]
+    return dataset == "reviews" or resizes_images(dataset or "")
 
 
 def _check_device(device: str | None) -> None:

@@ -228,9 +228,8 @@ async def claim_review(
     body = body or ClaimRequest()
     store = state.review_store()
     who, via = _who(request, body.reviewer)
-    model = body.model or None  # empty: every model, as in the list, stats and export
-    item = await asyncio.to_thread(store.claim, who, order=body.order, model=model, via=via)
-    pending = await asyncio.to_thread(store.pending_count, model)
+    item = await asyncio.to_thread(store.claim, who, order=body.order, model=body.model, via=via)
+    pending = await asyncio.to_thread(store.pending_count, body.model)
     return {"review": item, "pending": pending, "lease_s": store.lease_s, "reviewer": who}
 
 

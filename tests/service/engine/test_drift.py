@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from models.evaluation.drift import bin_fractions, uncertainty_reference
-from models.serving import FIXED_COLUMNS, ScoreColumns, ScoreOptions
+from models.serving import FIXED_COLUMNS, ScoreColumns, ScoreOptions, resolve_options
 from service.common.metrics import Metrics
 from service.engine import drift
 from service.engine.drift import UncertaintyMonitor
@@ -50,7 +50,7 @@ def test_the_window_exports_abstain_ratio_and_drift_against_the_reference(
     card: SimpleNamespace,
 ) -> None:
     metrics = Metrics()
-    monitor = UncertaintyMonitor("m", card, metrics)
+    monitor = UncertaintyMonitor("m", card, metrics, REF)
     assert _gauges(metrics, "m") == (0.0, 0.0, 0.0, 0.05)  # exported from the start
     n = drift.MIN_SAMPLES
     vgmu, eu = np.full(n, 0.05), np.full(n, 0.5)  # far from the reference: drift
@@ -66,7 +66,7 @@ def test_the_window_exports_abstain_ratio_and_drift_against_the_reference(
 def test_a_swapped_out_model_reads_nan_and_is_no_longer_refreshed(card: SimpleNamespace) -> None:
     """A drift alert on a model that no longer serves must resolve, not hold its last value."""
     metrics = Metrics()
-    monitor = UncertaintyMonitor("old", card, metrics)
+    monitor = UncertaintyMonitor("old", card, metrics, REF)
     n = drift.MIN_SAMPLES
     monitor.observe(_columns(np.full(n, 0.05), np.full(n, 0.5), np.ones(n)), REF)
     assert _gauges(metrics, "old")[1] > 0.25  # drifting: the alert's condition holds
@@ -85,8 +85,8 @@ def test_a_same_named_successor_keeps_its_series_and_the_rest_read_nan(
     """A reload or a retrained model under the same name: its monitor owns the series it exports;
     what only the old card had (a drift score, a calibrated deferral) reads NaN."""
     metrics = Metrics()
-    old = UncertaintyMonitor("m", card, metrics)
-    new = UncertaintyMonitor("m", card, metrics)
+    old = UncertaintyMonitor("m", card, metrics, REF)
+    new = UncertaintyMonitor("m", card, metrics, REF)
     old.retire(new)
     n = drift.MIN_SAMPLES
     new.observe(_columns(np.full(n, 0.9), np.full(n, 0.001), np.zeros(n)), REF)
@@ -96,7 +96,7 @@ def test_a_same_named_successor_keeps_its_series_and_the_rest_read_nan(
     assert _gauges(metrics, "m") == before and not any(math.isnan(v) for v in before)
 
     bare = SimpleNamespace(class_names=["0", "1"])  # an older card: no reference, no calibration
-    newest = UncertaintyMonitor("m", bare, metrics)
+    newest = UncertaintyMonitor("m", bare, metrics, REF)
     new.retire(newest)
     ratio, d_vgmu, d_eu, deferral = _gauges(metrics, "m")
     assert ratio == 0.0  # the successor exports it (0 until its window fills)
@@ -117,7 +117,7 @@ def test_the_abstain_window_counts_from_the_load_and_its_help_says_so(
     def ratio() -> float:
         return metrics.abstain_ratio_window.labels(model="m")._value.get()
 
-    monitor = UncertaintyMonitor("m", card, metrics)
+    monitor = UncertaintyMonitor("m", card, metrics, REF)
     few = drift.MIN_SAMPLES - 1
     monitor.observe(_columns(np.full(few, 0.9), np.zeros(few), np.ones(few)), REF)
     assert ratio() == 0.0  # every image abstained, but fewer than MIN_SAMPLES are counted
@@ -131,7 +131,7 @@ def test_the_abstain_window_counts_from_the_load_and_its_help_says_so(
     n = drift.MIN_SAMPLES
     monitor.observe(_columns(np.full(n, 0.9), np.zeros(n), np.ones(n)), REF)
     assert ratio() == pytest.approx(n / w)
-    UncertaintyMonitor("m", card, metrics)  # the model loaded again: a new count from 0
+    UncertaintyMonitor("m", card, metrics, REF)  # the model loaded again: a new count from 0
     assert ratio() == 0.0
 
 
@@ -148,7 +148,13 @@ def test_the_window_takes_only_answers_scored_as_the_reference_was() -> None:
     card = SimpleNamespace(class_names=["0", "1"], uncertainty_reference=reference, vgn=True,
                            abstain_k_for=lambda m: 3.0 if m == "q" else 5.0)  # fmt: skip
     metrics = Metrics()
-    monitor = UncertaintyMonitor("m", card, metrics)
+
+    def rule(default_abstain_k: float | None) -> ScoreOptions:  # as the engine's predictor.options
+        calibrated = {m: card.abstain_k_for(m) for m in ("p", "q")}
+        return resolve_options(model="m", vgn=True, calibrated_k=calibrated, num_classes=2,
+                               default_abstain_k=default_abstain_k)  # fmt: skip
+
+    monitor = UncertaintyMonitor("m", card, metrics, rule(None))
     n = drift.MIN_SAMPLES
     served = ScoreOptions(abstain_k=3.0, members="q", top_k=1)
     on_p = ScoreOptions(abstain_k=3.0, members="p", top_k=1)
@@ -169,7 +175,7 @@ def test_the_window_takes_only_answers_scored_as_the_reference_was() -> None:
     assert count == 3 * n
     # With a server-wide VGE_ABSTAIN_K every default request carries it: that is the rule then
     # (the window stayed empty, the gauge at 0, its alert unable to fire)
-    wide = UncertaintyMonitor("w", card, metrics, default_abstain_k=2.0)
+    wide = UncertaintyMonitor("w", card, metrics, rule(2.0))
     assert (wide.members, wide.abstain_k) == ("q", 2.0)
     wide.observe(_columns(*like, np.ones(n)), ScoreOptions(abstain_k=2.0, members="q", top_k=1))
     wide.refresh()
